@@ -1,0 +1,423 @@
+"""
+The prelude / recurrent block / coda transformer of retrofitted recurrence.
+
+A pretrained decoder is cut into three parts (McLeish et al. 2025, arXiv 2511.07384, on the
+architecture of Huginn-0125, Geiping et al. 2025, arXiv 2502.05171):
+
+    e   = P(embed(x))                          # prelude: the first layers
+    s_0 ~ init_state(e)                        # TruncNormal, zero, or e itself
+    s_i = R(adapter(cat[s_{i-1}, e]))          # recurrent core, i = 1..r
+    p   = C(s_r)                               # coda: the last layers, then the LM head
+
+The blocks keep the parent's own layout and tensor names (Llama pre-norm, OLMo-2's norm on the
+branch output, or Huginn's sandwich norm), so one loop with the adapter at [0 | I] is exactly the
+layer-dropped parent. More loops at test time spend more compute per token.
+
+    python -c "from model import RecurrentGPT, RecurrentConfig; m = RecurrentGPT(RecurrentConfig()); print(m.param_counts())"
+    python surgery.py --init=smollm2 --shape 6,8,6 --out out/smollm2   # builds one from a real parent
+"""
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+IGNORE_INDEX = -1  # target value that carries no loss (nanoGPT convention)
+
+
+# -----------------------------------------------------------------------------
+# helpers: RMSNorm and rotary embeddings
+
+
+class RMSNorm(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) * weight, with the statistic taken in fp32 (as in Llama)."""
+
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(head_dim, theta, scaling=None):
+    """Inverse frequencies of the rotary embedding, with Llama-3's frequency-dependent scaling
+    (long wavelengths divided by `factor`, short ones kept, a smooth blend in between)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if not scaling or scaling.get("rope_type", "default") == "default":
+        return inv_freq
+    if scaling["rope_type"] != "llama3":
+        raise ValueError(f"unsupported rope scaling {scaling['rope_type']!r}: only 'llama3' is implemented")
+    factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / lo, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_len / hi) & ~(wavelen > old_len / lo)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x, cos, sin):
+    # x: (B, n_head, T, hd); cos, sin: (B or 1, T, hd) -> broadcast over heads
+    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
+
+
+# -----------------------------------------------------------------------------
+# attention, MLP, block
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with rotary embeddings; optional q/k/v bias (Qwen2.5) and q/k RMSNorm
+    over the full projection (OLMo-2)."""
+
+    def __init__(self, config):
+        super().__init__()
+        h, hd = config.n_embd, config.head_dim
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, hd
+        self.q_proj = nn.Linear(h, config.n_head * hd, bias=config.attn_bias)
+        self.k_proj = nn.Linear(h, config.n_kv_head * hd, bias=config.attn_bias)
+        self.v_proj = nn.Linear(h, config.n_kv_head * hd, bias=config.attn_bias)
+        self.o_proj = nn.Linear(config.n_head * hd, h, bias=False)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.n_head * hd, config.norm_eps)
+            self.k_norm = RMSNorm(config.n_kv_head * hd, config.norm_eps)
+
+    def forward(self, x, rope, mask=None, cache=None, key=None):
+        B, T, _ = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if hasattr(self, "q_norm"):  # OLMo-2 normalizes the whole projection, before the head split
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, v = cache.update(key, k, v)  # (B, nkv, S, hd) with the past prepended
+        gqa = self.n_kv_head != self.n_head  # query head j reads kv head j // (nh / nkv)
+        if mask is None:
+            # a causal mask needs T == S; with a cache a caller passes an explicit mask instead
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=gqa)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """One transformer layer in the parent's layout. Norm names follow Hugging Face:
+    prenorm  (Llama, Qwen2.5, SmolLM2): x += attn(input_ln x);        x += mlp(post_attention_ln x)
+    olmo2    (OLMo-2):                   x += post_attention_ln(attn x); x += post_feedforward_ln(mlp x)
+    sandwich (Huginn):                   x = post_attention_ln(x + attn(input_ln x));
+                                         x = post_feedforward_ln(x + mlp(pre_feedforward_ln x))"""
+
+    def __init__(self, config):
+        super().__init__()
+        self.layout = config.block_type
+        norm = lambda: RMSNorm(config.n_embd, config.norm_eps)
+        self.self_attn, self.mlp = Attention(config), MLP(config)
+        if self.layout in ("prenorm", "sandwich"):
+            self.input_layernorm = norm()
+        self.post_attention_layernorm = norm()
+        if self.layout == "sandwich":
+            self.pre_feedforward_layernorm = norm()
+        if self.layout in ("olmo2", "sandwich"):
+            self.post_feedforward_layernorm = norm()
+
+    def forward(self, x, rope, mask=None, cache=None, key=None):
+        attn = lambda z: self.self_attn(z, rope, mask, cache, key)
+        if self.layout == "prenorm":
+            x = x + attn(self.input_layernorm(x))
+            return x + self.mlp(self.post_attention_layernorm(x))
+        if self.layout == "olmo2":
+            x = x + self.post_attention_layernorm(attn(x))
+            return x + self.post_feedforward_layernorm(self.mlp(x))
+        x = self.post_attention_layernorm(x + attn(self.input_layernorm(x)))
+        return self.post_feedforward_layernorm(x + self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+# -----------------------------------------------------------------------------
+# the model
+
+
+@dataclass
+class RecurrentConfig:
+    # the parent's shape
+    vocab_size: int = 256
+    n_embd: int = 64
+    n_head: int = 4
+    n_kv_head: int = 4
+    head_dim: int = 16
+    intermediate_size: int = 256
+    block_size: int = 2048  # longest sequence the model is meant for (informational; rope has no table)
+    block_type: str = "prenorm"  # prenorm | olmo2 | sandwich
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # Hugging Face's llama3 dict (rope_type, factor, low/high_freq_factor, ...)
+    attn_bias: bool = False  # q/k/v bias (Qwen2.5)
+    qk_norm: bool = False  # RMSNorm over the full q and k projections (OLMo-2)
+    tie_embeddings: bool = True
+    embed_scale: float = 1.0  # Huginn multiplies the embedding by sqrt(h)
+    bos_id: int | None = None
+    eos_id: int | None = None
+    # the cut
+    n_prelude: int = 1
+    n_core: int = 2
+    n_coda: int = 1
+    recurrent: bool = True  # False: the static-depth baseline (core runs once, no adapter)
+    adapter_init: str = "identity"  # identity [0 | I] | sum (1/sqrt2)[I | I] | random (PyTorch default)
+    state_init: str = "normal"  # normal (truncated at 3 std) | zero | embed (s_0 = e)
+    state_std: float | None = None  # None: sqrt(2 / (5 h)) as in Huginn
+    state_scale: float = 1.0  # Huginn multiplies s_0 by its embedding scale
+    iter_norm: bool = False  # an extra RMSNorm on the state after every iteration
+    norm_before_coda: bool = False  # Huginn applies the final norm to s_r before the coda, and again after it
+    mean_recurrence: int = 4  # r used when num_steps is None
+    # provenance, written by surgery.py / train.py
+    layers: dict | None = None  # {"prelude": [...], "core": [...], "coda": [...]} parent layer indices
+    parent: dict | None = None  # where the weights came from (id, revision or file hash)
+
+    def __post_init__(self):
+        if self.block_type not in ("prenorm", "olmo2", "sandwich"):
+            raise ValueError(f"block_type must be prenorm, olmo2 or sandwich, not {self.block_type!r}")
+        if self.adapter_init not in ("identity", "sum", "random"):
+            raise ValueError(f"adapter_init must be identity, sum or random, not {self.adapter_init!r}")
+        if self.state_init not in ("normal", "zero", "embed"):
+            raise ValueError(f"state_init must be normal, zero or embed, not {self.state_init!r}")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
+
+
+class RecurrentGPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = c = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.n_embd)
+        self.prelude = nn.ModuleList(Block(c) for _ in range(c.n_prelude))
+        self.core = nn.ModuleList(Block(c) for _ in range(c.n_core))
+        self.coda = nn.ModuleList(Block(c) for _ in range(c.n_coda))
+        if c.recurrent:
+            self.adapter = nn.Linear(2 * c.n_embd, c.n_embd, bias=False)  # acts on cat[s, e], state first
+        if c.iter_norm:
+            self.iter_norm = RMSNorm(c.n_embd, c.norm_eps)
+        self.norm = RMSNorm(c.n_embd, c.norm_eps)
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling), persistent=False)
+        self.apply(self._init_weights)
+        if c.recurrent:
+            self.reset_adapter()
+
+    def _init_weights(self, module):
+        # only for models trained from scratch; surgery overwrites everything but the adapter
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+
+    @torch.no_grad()
+    def reset_adapter(self):
+        """Initialize the adapter W (h, 2h) on cat[s, e] by config.adapter_init."""
+        h, W = self.config.n_embd, self.adapter.weight
+        eye = torch.eye(h, dtype=W.dtype, device=W.device)
+        if self.config.adapter_init == "identity":  # [0 | I]: output = e, so one loop = the parent
+            W.copy_(torch.cat([torch.zeros_like(eye), eye], dim=1))
+        elif self.config.adapter_init == "sum":  # (s + e) / sqrt 2
+            W.copy_(torch.cat([eye, eye], dim=1) / math.sqrt(2))
+        else:
+            self.adapter.reset_parameters()
+
+    # --- the pieces of the forward pass (sample.py, analyze.py and train.py compose them too)
+
+    def rope(self, position_ids):
+        """(cos, sin), each (B or 1, T, hd), for integer positions (B, T) or (T,). Same float32 ops as HF."""
+        pos = position_ids if position_ids.dim() == 2 else position_ids[None]
+        freqs = (self.inv_freq[None, :, None] @ pos[:, None, :].float()).transpose(1, 2)  # (B, T, hd/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        dtype = self.embed_tokens.weight.dtype
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def embed(self, idx, rope, mask=None, cache=None):
+        x = self.embed_tokens(idx)  # (B, T, h)
+        if self.config.embed_scale != 1.0:
+            x = x * self.config.embed_scale
+        for i, block in enumerate(self.prelude):
+            x = block(x, rope, mask, cache, ("prelude", i, 0))
+        return x
+
+    def init_state(self, e, generator=None):
+        c = self.config
+        if c.state_init == "zero" or not c.recurrent:
+            return torch.zeros_like(e)
+        if c.state_init == "embed":
+            return e.clone()
+        std = c.state_std if c.state_std is not None else math.sqrt(2 / (5 * c.n_embd))
+        s = torch.empty_like(e, dtype=torch.float32)
+        # a fresh draw every forward pass (reference.md §1); truncated at +-3 std
+        s = nn.init.trunc_normal_(s, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
+        return (s * c.state_scale).to(e.dtype)
+
+    def core_step(self, s, e, rope, step, mask=None, cache=None):
+        x = self.adapter(torch.cat([s, e], dim=-1)) if self.config.recurrent else e  # (B, T, h)
+        for i, block in enumerate(self.core):
+            x = block(x, rope, mask, cache, ("core", i, step))
+        if self.config.iter_norm:
+            x = self.iter_norm(x)
+        return x
+
+    def readout(self, s, rope, mask=None, cache=None):
+        x = self.norm(s) if self.config.norm_before_coda else s
+        for i, block in enumerate(self.coda):
+            x = block(x, rope, mask, cache, ("coda", i, 0))
+        return self.lm_head(self.norm(x)).float()
+
+    def split_steps(self, num_steps):
+        """num_steps (int r, a pair (n, k), or None) -> (n iterations without grad, k with grad)."""
+        if not self.config.recurrent:
+            return 0, 1
+        if num_steps is None:
+            num_steps = self.config.mean_recurrence
+        n, k = (0, int(num_steps)) if isinstance(num_steps, int) else (int(num_steps[0]), int(num_steps[1]))
+        if n < 0 or k < 0 or n + k < 1:
+            raise ValueError(f"num_steps must give at least one iteration, got {num_steps}")
+        return n, k
+
+    def forward(self, idx, targets=None, num_steps=None):
+        n_nograd, k_grad = self.split_steps(num_steps)
+        rope = self.rope(torch.arange(idx.shape[1], device=idx.device))
+        e = self.embed(idx, rope)
+        s = self.init_state(e)
+        # truncated backprop through depth: the first n iterations keep no activations; the prelude
+        # still gets gradient through e, which is injected again in every grad iteration
+        with torch.no_grad():
+            for step in range(n_nograd):
+                s = self.core_step(s, e, rope, step)
+        for step in range(n_nograd, n_nograd + k_grad):
+            s = self.core_step(s, e, rope, step)
+        logits = self.readout(s, rope)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+        return logits, loss
+
+    # --- accounting
+
+    def param_counts(self):
+        """Parameters per part; the adapter, embeddings and head are left out of the paper's FLOP count."""
+        count = lambda mods: sum(p.numel() for m in mods for p in m.parameters())
+        counts = {
+            "prelude": count(self.prelude),
+            "core": count(self.core),
+            "coda": count(self.coda),
+            "adapter": self.adapter.weight.numel() if self.config.recurrent else 0,
+            "embeddings": self.embed_tokens.weight.numel()
+            + (0 if self.config.tie_embeddings else self.lm_head.weight.numel()),
+            "norm": sum(p.numel() for n, p in self.named_parameters() if n.startswith(("norm.", "iter_norm."))),
+        }
+        counts["total"] = sum(p.numel() for p in self.parameters())
+        return counts
+
+    def flops_per_token(self, r, backprop_depth=8):
+        """Training FLOPs per token, McLeish et al.: N1 = P + k R + C, N2 = n R, FLOPs = 6 N1 + 2 N2."""
+        pc = self.param_counts()
+        r = r if self.config.recurrent else 1
+        n, k = max(r - backprop_depth, 0), min(r, backprop_depth)
+        return 6 * (pc["prelude"] + k * pc["core"] + pc["coda"]) + 2 * n * pc["core"]
+
+    def inference_flops_per_token(self, r):
+        pc = self.param_counts()
+        r = r if self.config.recurrent else 1
+        return 2 * (pc["prelude"] + r * pc["core"] + pc["coda"])
+
+    # --- checkpoints
+
+    def state_dict_to_save(self):
+        # a tied head shares the embedding's storage, which safetensors refuses to store twice
+        sd = self.state_dict()
+        if self.config.tie_embeddings:
+            sd.pop("lm_head.weight")
+        return {k: v.detach().contiguous() for k, v in sd.items()}
+
+    def save_pretrained(self, out_dir, extra_config=None):
+        """Write out_dir/model.safetensors and out_dir/config.json, each via temp file + rename, so a crash
+        leaves either the old file or the new one, never half of one."""
+        from safetensors.torch import save_file
+
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.join(out_dir, "model.safetensors")
+        save_file(self.state_dict_to_save(), path + ".tmp", metadata={"format": "pt"})
+        os.replace(path + ".tmp", path)
+        cfg = {"model_type": "nanorecur", **asdict(self.config), **(extra_config or {})}
+        write_json_atomic(os.path.join(out_dir, "config.json"), cfg)
+
+    @classmethod
+    def from_pretrained(cls, path, device="cpu", **overrides):
+        """Load a directory written by surgery.py or train.py (or a published raven checkpoint).
+        Keyword overrides replace config fields, e.g. state_init="zero"."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        cfg_path = os.path.join(path, "config.json")
+        if not os.path.isfile(cfg_path):
+            raise FileNotFoundError(f"{path} has no config.json: pass a directory written by surgery.py or train.py")
+        with open(cfg_path) as f:
+            cfg = json.load(f)
+        if cfg.get("model_type") == "huginn_raven":
+            from raven import load_raven
+
+            return load_raven(path, device=device, **overrides)
+        config = config_from_dict(cfg, **overrides)
+        model = cls(config)
+        try:
+            sd = load_file(os.path.join(path, "model.safetensors"), device=str(device))
+        except (FileNotFoundError, SafetensorError, OSError) as err:
+            raise ValueError(f"cannot read {path}/model.safetensors ({err}): rerun surgery.py or restore it") from None
+        if config.tie_embeddings:
+            sd["lm_head.weight"] = sd["embed_tokens.weight"]
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{path}/model.safetensors does not match its config: missing {missing}, unexpected {unexpected}")
+        return model.to(device)
+
+
+def config_from_dict(cfg, **overrides):
+    """RecurrentConfig from a config.json dict; keys that are not config fields are an error."""
+    names = {f.name for f in fields(RecurrentConfig)}
+    cfg = {k: v for k, v in {**cfg, **overrides}.items() if k not in ("model_type", "train")}
+    unknown = sorted(set(cfg) - names)
+    if unknown:
+        raise ValueError(f"unknown config keys {unknown}: this config.json was not written by nanorecur")
+    return RecurrentConfig(**cfg)
+
+
+def write_json_atomic(path, obj):
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
