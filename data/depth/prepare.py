@@ -1,0 +1,190 @@
+"""
+Synthetic depth task: the running product of k elements of the permutation group S3.
+
+Why: the recipe's claim (McLeish et al. 2025, arXiv 2511.07384; Geiping et al. 2025,
+arXiv 2502.05171) is that more loops of the recurrent core buy more accuracy on problems that
+need more sequential steps. This task makes "steps" exact and controllable, so the claim can be
+tested on a CPU with a tiny model trained from scratch, including extrapolation beyond the
+trained depth (train rows have k <= train_k steps, val rows go up to test_k).
+
+Row layout (seq_len = test_k + 1 tokens, one row per problem):
+  input   BOS  g1   g2      ...  gk        PAD ...
+  target  -1   p1   p2      ...  pk        -1  ...     p_t = g1 g2 ... g_t  (an answer token)
+  step    0    1    2       ...  k         0   ...     sequential steps label t needs
+The answer tokens only ever appear as targets, never in the input: with plain next-token teacher
+forcing the input would show p_{t-1}, and each label would be a single composition p_{t-1} g_t,
+needing no depth at all. Here the model must compose all t elements itself. S3 is non-abelian,
+so the order matters (no counting shortcut); calibrated on this machine (shared/docs/reference.md
+section 5): an h=64 model learns it within minutes, and accuracy rises with test-time loops.
+Pointer chasing, mod-10 arithmetic and answer-only loss did not learn at that budget.
+
+Train rows all have exactly k = train_k: attention is causal, so a row of length K already
+contains every shorter problem as a prefix (its label at step t), and shorter rows would only
+add padding. Val rows have k = test_k, giving the same number of labels at every depth
+1..test_k; group accuracy by the step array. Val rows whose first train_k elements occur in a
+train row are redrawn, so accuracy even at trained depths is measured on unseen problems.
+
+Run:
+  python data/depth/prepare.py --out_dir data/depth          # 50k train rows, 1k val rows
+  python data/depth/prepare.py --out_dir /tmp/depth --train_k 6 --test_k 12 --num_train 20000
+Writes DIR/{train,val}.bin (uint16 ids), DIR/{train,val}_targets.bin (int32, -1 = ignore),
+DIR/{train,val}_step.bin (uint8) and DIR/meta.json (format: data/common.py).
+"""
+
+import argparse
+import hashlib
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
+from data.common import (IGNORE_INDEX, BinWriter, DataError, print_summary, remove_stale,
+                         run_main, write_meta)
+
+# -----------------------------------------------------------------------------
+# The group S3: the 6 permutations of (0, 1, 2), in lexicographic order (index 0 = identity).
+ELEMENTS = tuple(itertools.permutations(range(3)))
+IDENTITY = 0
+
+
+def compose(a, b):
+    """(a b)(i) = a(b(i)): apply b first, then a (function composition)."""
+    return tuple(a[b[i]] for i in range(3))
+
+
+# MUL[i][j] = index of ELEMENTS[i] composed with ELEMENTS[j]
+MUL = tuple(tuple(ELEMENTS.index(compose(a, b)) for b in ELEMENTS) for a in ELEMENTS)
+
+
+def running_product(elems):
+    """Pure-Python reference: [p_1, ..., p_k] with p_t = g_1 g_2 ... g_t (element indices)."""
+    out, p = [], IDENTITY
+    for g in elems:
+        p = MUL[p][g]
+        out.append(p)
+    return out
+
+
+# -----------------------------------------------------------------------------
+# The vocabulary: its own, tiny; no external tokenizer.
+BOS_ID = 0
+ELEM_IDS = tuple(range(1, 7))    # input token of element i is 1 + i
+ANSWER_IDS = tuple(range(7, 13))  # label token of product p is 7 + p (never an input)
+PAD_ID = 13
+TOKENS = (["<bos>"] + ["g" + "".join(map(str, e)) for e in ELEMENTS]
+          + ["p" + "".join(map(str, e)) for e in ELEMENTS] + ["<pad>"])
+VOCAB_SIZE = len(TOKENS)  # 14
+
+
+def vocab_fingerprint():
+    """Hash of the vocabulary description: data and model must agree on it like on a tokenizer."""
+    desc = {"task": "s3_running_product", "tokens": TOKENS, "composition": "(a b)(i) = a(b(i))"}
+    return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def make_rows(elems, seq_len):
+    """(N, k) element indices -> ids, targets, steps arrays of shape (N, seq_len)."""
+    n, k = elems.shape
+    mul = np.asarray(MUL, dtype=np.int64)
+    prods = np.empty_like(elems)
+    p = np.full(n, IDENTITY, dtype=np.int64)
+    for t in range(k):  # the k sequential steps, vectorized over rows
+        p = mul[p, elems[:, t]]
+        prods[:, t] = p
+    ids = np.full((n, seq_len), PAD_ID, dtype=np.uint16)
+    ids[:, 0] = BOS_ID
+    ids[:, 1:k + 1] = elems + ELEM_IDS[0]
+    targets = np.full((n, seq_len), IGNORE_INDEX, dtype=np.int32)
+    targets[:, 1:k + 1] = prods + ANSWER_IDS[0]  # prediction AT position t (holding g_t) is p_t
+    steps = np.zeros((n, seq_len), dtype=np.uint8)
+    steps[:, 1:k + 1] = np.arange(1, k + 1, dtype=np.uint8)
+    return ids, targets, steps
+
+
+def prefix_codes(elems):
+    """Each row's elements as one base-6 integer (for the train/val disjointness check)."""
+    return elems @ (6 ** np.arange(elems.shape[1], dtype=np.int64))
+
+
+def draw_val(rng, num_val, test_k, train_k, seen):
+    """num_val rows of test_k elements whose first train_k elements are not in `seen`."""
+    total = 6 ** train_k
+    if total - len(seen) < num_val:
+        raise DataError(f"only {total - len(seen)} length-{train_k} prefixes are not in train: "
+                        f"lower --num_train or --num_val, or raise --train_k")
+    seen = np.fromiter(seen, dtype=np.int64)
+    rows, redrawn, have = [], 0, 0
+    while have < num_val:
+        cand = rng.integers(0, 6, size=(2 * num_val, test_k), dtype=np.int64)
+        codes = prefix_codes(cand[:, :train_k])
+        ok = ~np.isin(codes, seen)
+        _, first = np.unique(codes, return_index=True)  # distinct prefixes within val, too
+        ok &= np.isin(np.arange(len(cand)), first)
+        redrawn += int((~ok).sum())
+        rows.append(cand[ok])
+        seen = np.concatenate([seen, codes[ok]])
+        have += int(ok.sum())
+    return np.concatenate(rows)[:num_val], redrawn
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--out_dir", default=str(Path(__file__).resolve().parent))
+    parser.add_argument("--train_k", type=int, default=6, help="steps per train row")
+    parser.add_argument("--test_k", type=int, default=12, help="steps per val row (> train_k "
+                        "measures extrapolation)")
+    parser.add_argument("--num_train", type=int, default=50000)
+    parser.add_argument("--num_val", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=1337)
+    args = parser.parse_args()
+    print("config:", json.dumps(vars(args)))
+    if not 1 <= args.train_k <= args.test_k <= 255:  # steps are stored as uint8
+        raise DataError(f"need 1 <= train_k <= test_k <= 255, got {args.train_k}, {args.test_k}")
+    if args.num_train < 1 or args.num_val < 1:
+        raise DataError("--num_train and --num_val must be >= 1")
+
+    rng = np.random.default_rng(args.seed)
+    seq_len = args.test_k + 1
+    train = rng.integers(0, 6, size=(args.num_train, args.train_k), dtype=np.int64)
+    val, redrawn = draw_val(rng, args.num_val, args.test_k, args.train_k,
+                            set(prefix_codes(train).tolist()))
+
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    for split, elems in (("train", train), ("val", val)):
+        arrays = make_rows(elems, seq_len)
+        for suffix, arr in zip(("", "_targets", "_step"), arrays):
+            w = BinWriter(out_dir / f"{split}{suffix}.bin", arr.dtype)
+            w.write(arr.ravel())
+            w.close()
+            files.append(f"{split}{suffix}.bin")
+    remove_stale(out_dir, keep_targets=True, keep_steps=True)
+
+    meta = {
+        "dataset": "depth", "task": "s3_running_product", "script": "data/depth/prepare.py",
+        "source": "generated by data/depth/prepare.py (no download)",
+        "tokenizer": "depth task vocabulary", "fingerprint": vocab_fingerprint(),
+        "vocab_size": VOCAB_SIZE, "tokens": TOKENS, "dtype": "uint16",
+        "bos_id": BOS_ID, "eos_id": None, "pad_id": PAD_ID,
+        "element_ids": list(ELEM_IDS), "answer_ids": list(ANSWER_IDS),
+        "elements": [list(e) for e in ELEMENTS], "mul_table": [list(r) for r in MUL],
+        "composition": "(a b)(i) = a(b(i)); label at step t is g1 g2 ... gt",
+        "seq_len": seq_len, "train_max_k": args.train_k, "test_max_k": args.test_k,
+        "targets": True, "steps": True, "targets_dtype": "int32", "steps_dtype": "uint8",
+        "ignore_index": IGNORE_INDEX, "seed": args.seed,
+        "train_tokens": int(train.shape[0] * seq_len), "val_tokens": int(val.shape[0] * seq_len),
+        "train_docs": int(train.shape[0]), "val_docs": int(val.shape[0]),
+        "val_prefix_disjoint": True, "val_redrawn": redrawn,
+    }
+    write_meta(out_dir, meta)
+    print(f"redrew {redrawn} val candidates whose first {args.train_k} elements were seen in train "
+          f"or earlier in val")
+    print_summary(out_dir, meta, files + ["meta.json"])
+
+
+if __name__ == "__main__":
+    run_main(main)
