@@ -1,0 +1,428 @@
+"""
+Read and write the "raven" checkpoint format of the published depth-recurrent models.
+
+Huginn-0125 (Geiping et al. 2025, arXiv 2502.05171, tomg-group-umd/huginn-0125) and the retrofitted
+models of McLeish et al. 2025 (arXiv 2511.07384, smcleish/Recurrent-Llama-3.2-*, TinyLlama) ship as
+`transformer.{prelude,core_block,coda}` blocks with a fused Wqkv and a fused MLP `fc`, an adapter on
+cat[s, e] and a final norm `ln_f`. The two variants share key names and config.json but not their
+math, which lives in two different modeling files:
+
+- Huginn variant: sandwich blocks (norm_1..norm_4), complex RoPE on interleaved pairs with base
+  `rope_base`, e = wte * sqrt(n_embd), ln_f on the state before the coda and again after it.
+- retrofit-Llama variant: Llama pre-norm blocks (norm_1, norm_2 only), HF rotate-half RoPE with base
+  `rope_theta` (the `rope_base` field is written but never read), optional llama3 `rope_scaling`,
+  GQA, e = wte * init_values.embed_scale (1.0), ln_f once after the coda, untied lm_head.
+
+The variant is told by the tensors (norm_3 present = Huginn), never by `block_class_name`, which is
+"SandwichBlock" in both. Everything is mapped explicitly by the tables below; what RecurrentGPT cannot
+express is refused with one line (RavenError), never approximated.
+
+    python raven.py --load ../shared/fixtures/huginn_tiny          # print the mapped config
+    python raven.py --export out/smollm2 out/smollm2-raven         # same as surgery.py --export-raven
+    python -m pytest -q tests/test_raven.py
+
+An exported directory holds model.safetensors, config.json and the tokenizer files; to load it with
+the published code (trust_remote_code), put raven_config_minimal.py / raven_modeling_minimal.py from
+tomg-group-umd/huginn-0125 (sandwich) or from a smcleish/Recurrent-* repo (pre-norm) beside them.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+
+import torch
+
+from model import RecurrentConfig, RecurrentGPT, write_json_atomic
+
+
+class RavenError(ValueError):
+    """A raven checkpoint we cannot read, or a model the raven format cannot express (one line)."""
+
+
+# -----------------------------------------------------------------------------
+# the mapping tables
+
+# config.json field -> RecurrentConfig field, per variant (H = Huginn/sandwich, L = retrofit-Llama/prenorm)
+#   n_embd, n_heads, intermediate_size       -> n_embd, n_head, intermediate_size
+#   n_embd // n_heads                        -> head_dim (both modeling files derive it; `head_dim` must agree)
+#   num_key_value_heads                      -> n_kv_head (H: must equal n_heads, the attention has no GQA)
+#   padded_vocab_size (rows of wte/lm_head)  -> vocab_size
+#   n_layers_in_prelude/_recurrent_block/_coda -> n_prelude / n_core / n_coda
+#   norm_eps, tie_embeddings, mean_recurrence -> same names (mean_recurrence: r when num_steps is None)
+#   qk_bias                                  -> attn_bias (q and k bias, v bias held at zero)
+#   H: rope_base    L: rope_theta            -> rope_theta   (L never reads rope_base: ~1e-3 if confused)
+#   H: none         L: rope_scaling (llama3) -> rope_scaling
+#   H: sqrt(n_embd) L: init_values.embed_scale -> embed_scale and state_scale (s_0 is multiplied by it too)
+#   init_values.std                          -> state_std; std == 0 -> state_init "zero" (the code zeroes s_0)
+#   H: True         L: False                 -> norm_before_coda (ln_f on s_r before the coda)
+#   H: block_size   L: max_position_embeddings -> block_size
+RAVEN_PARTS = {"prelude": "prelude", "core_block": "core", "coda": "coda"}  # raven block list -> ours
+RAVEN_NORMS = {  # per block; Huginn has all four, the retrofit pre-norm blocks only norm_1, norm_2
+    "norm_1": "input_layernorm",
+    "norm_2": "post_attention_layernorm",
+    "norm_3": "pre_feedforward_layernorm",
+    "norm_4": "post_feedforward_layernorm",
+}
+RAVEN_TOP = {  # whole-model tensors
+    "transformer.wte.weight": "embed_tokens.weight",
+    "transformer.adapter.weight": "adapter.weight",
+    "transformer.ln_f.weight": "norm.weight",
+    "lm_head.weight": "lm_head.weight",  # stored only when untied
+}
+# fused tensors, split in code: attn.Wqkv = cat[q, k, v] rows; attn.qk_bias [2, 1, H, hd] = (q bias, k bias);
+# attn.proj -> o_proj; mlp.fc = cat[gate, up] rows; mlp.proj -> down_proj. `freqs_cis` is derived and dropped.
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
+                   os.path.join("original", "tokenizer.model"))
+
+
+def interleave_perm(hd):
+    """Huginn rotates pairs (x[2i], x[2i+1]); rotate-half RoPE pairs (x[i], x[i + hd/2]). Reading the
+    rows of each head in the order [0, 2, 4, .., 1, 3, 5, ..] turns the first into the second."""
+    return torch.cat([torch.arange(0, hd, 2), torch.arange(1, hd, 2)])
+
+
+def permute_heads(w, n, hd, perm):
+    # w: (n*hd, ...) rows grouped by head -> the same rows reordered inside every head
+    return w.reshape(n, hd, *w.shape[1:])[:, perm].reshape(w.shape)
+
+
+def huginn_freqs_cis(hd, block_size, base):
+    """The persistent `freqs_cis` buffer of the Huginn code, [1, block_size, 1, hd/2, (cos, sin)], fp32."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    freqs = torch.outer(torch.arange(block_size, dtype=torch.float32), inv_freq)
+    return torch.stack([freqs.cos()[None, :, None, :], freqs.sin()[None, :, None, :]], dim=4)
+
+
+# -----------------------------------------------------------------------------
+# import: raven directory -> RecurrentGPT
+
+
+def read_raven_tensors(path):
+    """All tensors of model.safetensors (or of the shards named in model.safetensors.index.json), fp32."""
+    from safetensors.torch import load_file
+
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.isfile(os.path.join(path, "model.safetensors")):
+        files = ["model.safetensors"]
+    else:
+        raise RavenError(f"{path} has no model.safetensors (or index): download the weights of the raven checkpoint")
+    sd = {}
+    for name in files:
+        try:
+            sd.update(load_file(os.path.join(path, name)))
+        except Exception as err:  # safetensors raises several types for a damaged or missing shard
+            raise RavenError(f"cannot read {path}/{name} ({err}): download it again") from None
+    # published weights are bf16; CPU work here is fp32 (a cast up is exact)
+    return {k: v.float() for k, v in sd.items()}
+
+
+def raven_variant(cfg, sd):
+    """'huginn' (sandwich) or 'retrofit' (Llama pre-norm), from the tensors; anything else is refused."""
+    sandwich = any(k.endswith(".norm_3.weight") for k in sd)
+    if any(".q_norm." in k or ".k_norm." in k for k in sd):
+        raise RavenError("raven checkpoint with q/k norms (an OLMo-2 retrofit): only Huginn and Llama retrofits are supported")
+    if not sandwich and "rope_theta" not in cfg:
+        raise RavenError("pre-norm raven checkpoint without rope_theta: the retrofit modeling code reads rope_theta, not rope_base")
+    return "huginn" if sandwich else "retrofit"
+
+
+def config_from_raven(cfg, variant, **overrides):
+    """RecurrentConfig for a raven config.json (the table above)."""
+    need = lambda key: cfg[key] if key in cfg else _missing(key)
+    h, nh = need("n_embd"), need("n_heads")
+    nkv = cfg.get("num_key_value_heads", nh)
+    if cfg.get("head_dim", h // nh) != h // nh:
+        raise RavenError(f"config.json head_dim={cfg['head_dim']} but the raven code uses n_embd // n_heads = {h // nh}")
+    if cfg.get("bias", False):
+        raise RavenError("raven checkpoint with bias=true (an adapter bias): not supported")
+    if cfg.get("injection_type", "linear") != "linear" or cfg.get("test_time_noise", 0):
+        raise RavenError("raven checkpoint with non-linear injection or test-time noise: not supported")
+    std = float(need("init_values")["std"])
+    common = dict(
+        vocab_size=cfg.get("padded_vocab_size", need("vocab_size")), n_embd=h, n_head=nh, n_kv_head=nkv,
+        head_dim=h // nh, intermediate_size=need("intermediate_size"), norm_eps=need("norm_eps"),
+        n_prelude=need("n_layers_in_prelude"), n_core=need("n_layers_in_recurrent_block"),
+        n_coda=need("n_layers_in_coda"), mean_recurrence=need("mean_recurrence"),
+        tie_embeddings=need("tie_embeddings"), attn_bias=need("qk_bias"), qk_norm=False,
+        recurrent=True, adapter_init="random", iter_norm=False,
+        state_init="zero" if std == 0 else "normal", state_std=std,
+        bos_id=cfg.get("bos_token_id") if isinstance(cfg.get("bos_token_id"), int) else None,
+        eos_id=cfg.get("eos_token_id") if isinstance(cfg.get("eos_token_id"), int) else None,
+    )
+    if variant == "huginn":
+        if nkv != nh:
+            raise RavenError(f"Huginn raven checkpoint with num_key_value_heads={nkv} != n_heads={nh}: its attention has no GQA")
+        scale = math.sqrt(h)  # the Huginn code computes sqrt(n_embd); init_values.embed_scale must agree
+        if not math.isclose(cfg["init_values"].get("embed_scale", scale), scale, rel_tol=1e-6):
+            raise RavenError(f"Huginn raven checkpoint with init_values.embed_scale != sqrt(n_embd) = {scale}: ambiguous scale")
+        variant_fields = dict(block_type="sandwich", rope_theta=float(need("rope_base")), rope_scaling=None,
+                              norm_before_coda=True, block_size=need("block_size"))
+    else:
+        scale = float(cfg["init_values"].get("embed_scale", 1.0))
+        rs = cfg.get("rope_scaling")
+        if rs:  # old configs say "type"; HF reads rope_type first
+            rs = {**{k: v for k, v in rs.items() if k != "type"}, "rope_type": rs.get("rope_type", rs.get("type"))}
+        variant_fields = dict(block_type="prenorm", rope_theta=float(cfg["rope_theta"]), rope_scaling=rs or None,
+                              norm_before_coda=False,
+                              block_size=cfg.get("max_position_embeddings", cfg.get("block_size", 2048)))
+    fields = {**common, **variant_fields, "embed_scale": scale, "state_scale": scale,
+              "parent": {"format": "raven", "variant": variant}}
+    names = set(RecurrentConfig.__dataclass_fields__)
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise RavenError(f"unknown config overrides {unknown}")
+    try:
+        return RecurrentConfig(**{**fields, **overrides})
+    except ValueError as err:
+        raise RavenError(str(err)) from None
+
+
+def _missing(key):
+    raise RavenError(f"raven config.json has no {key!r}: not a Huginn or retrofit raven checkpoint")
+
+
+def state_dict_from_raven(sd, config, variant):
+    """Our state dict from raven tensors; every raven tensor must be used (freqs_cis is derived data)."""
+    c, out, used = config, {}, {"freqs_cis"}
+    H, KV, hd, I = c.n_head, c.n_kv_head, c.head_dim, c.intermediate_size
+    perm = interleave_perm(hd) if variant == "huginn" else None
+    norms = list(RAVEN_NORMS) if variant == "huginn" else ["norm_1", "norm_2"]
+
+    def take(key):
+        if key not in sd:
+            raise RavenError(f"raven checkpoint lacks {key}: weights do not match config.json")
+        used.add(key)
+        return sd[key]
+
+    for raven_part, ours in RAVEN_PARTS.items():
+        for i in range(getattr(c, {"prelude": "n_prelude", "core": "n_core", "coda": "n_coda"}[ours])):
+            src, dst = f"transformer.{raven_part}.{i}.", f"{ours}.{i}."
+            for rn in norms:
+                out[f"{dst}{RAVEN_NORMS[rn]}.weight"] = take(f"{src}{rn}.weight")
+            q, k, v = take(src + "attn.Wqkv.weight").split([H * hd, KV * hd, KV * hd], dim=0)
+            if perm is not None:  # interleaved complex pairs -> rotate-half halves (same perm on q and k)
+                q, k = permute_heads(q, H, hd, perm), permute_heads(k, KV, hd, perm)
+            out[dst + "self_attn.q_proj.weight"], out[dst + "self_attn.k_proj.weight"] = q, k
+            out[dst + "self_attn.v_proj.weight"] = v
+            if c.attn_bias:
+                # qk_bias is added to q and k after the projection and before RoPE, which is exactly a
+                # q_proj / k_proj bias; v has none, so v_proj.bias is zero (export refuses a nonzero one)
+                qb, kb = take(src + "attn.qk_bias")[:, 0]  # each (H, hd)
+                if perm is not None:
+                    qb, kb = qb[:, perm], kb[:, perm]
+                if KV != H:
+                    raise RavenError("raven qk_bias with GQA: the reference adds a per-query-head bias to k, which breaks")
+                out[dst + "self_attn.q_proj.bias"], out[dst + "self_attn.k_proj.bias"] = qb.reshape(-1), kb.reshape(-1)
+                out[dst + "self_attn.v_proj.bias"] = torch.zeros(KV * hd)
+            out[dst + "self_attn.o_proj.weight"] = take(src + "attn.proj.weight")
+            gate, up = take(src + "mlp.fc.weight").split([I, I], dim=0)  # first half gets the SiLU
+            out[dst + "mlp.gate_proj.weight"], out[dst + "mlp.up_proj.weight"] = gate, up
+            out[dst + "mlp.down_proj.weight"] = take(src + "mlp.proj.weight")
+    for rk, ok in RAVEN_TOP.items():
+        if rk == "lm_head.weight" and c.tie_embeddings:
+            continue
+        out[ok] = take(rk)
+    if c.tie_embeddings:
+        out["lm_head.weight"] = out["embed_tokens.weight"]
+    extra = sorted(set(sd) - used)
+    if extra:
+        raise RavenError(f"raven checkpoint has tensors this loader does not know: {extra[:4]}")
+    return out
+
+
+def load_raven(path, device="cpu", **overrides):
+    """A RecurrentGPT with the weights of a raven checkpoint directory (Huginn or retrofit-Llama)."""
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise RavenError(f"{path} has no config.json: pass a raven checkpoint directory")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    if cfg.get("model_type") != "huginn_raven":
+        raise RavenError(f"{path}/config.json has model_type {cfg.get('model_type')!r}, not 'huginn_raven'")
+    sd = read_raven_tensors(path)
+    variant = raven_variant(cfg, sd)
+    config = config_from_raven(cfg, variant, **overrides)
+    model = RecurrentGPT(config)
+    ours = state_dict_from_raven(sd, config, variant)
+    try:
+        model.load_state_dict(ours, strict=True)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[1:2] or [str(err)]
+        raise RavenError(f"raven weights do not fit the mapped config: {first[0].strip()}") from None
+    return model.to(device)
+
+
+# -----------------------------------------------------------------------------
+# export: RecurrentGPT -> raven directory
+
+
+def check_exportable(c):
+    """The variant for this config, or a one-line RavenError saying what the format cannot express."""
+    if c.qk_norm or c.block_type == "olmo2":
+        raise RavenError("cannot export: OLMo-2 blocks (qk_norm, norm on the branch output) have no raven variant")
+    if not c.recurrent:
+        raise RavenError("cannot export: a static-depth model has no adapter, the raven format needs a recurrent core")
+    if c.iter_norm:
+        raise RavenError("cannot export: iter_norm (a norm after every iteration) has no raven equivalent")
+    if c.n_head * c.head_dim != c.n_embd:
+        raise RavenError(f"cannot export: n_head*head_dim={c.n_head * c.head_dim} != n_embd={c.n_embd} (raven derives head_dim)")
+    if c.state_init == "embed":
+        raise RavenError("cannot export: state_init='embed' (s_0 = e) has no raven equivalent (normal or zero only)")
+    if not math.isclose(c.state_scale, c.embed_scale, rel_tol=1e-6):
+        raise RavenError(f"cannot export: state_scale={c.state_scale} != embed_scale={c.embed_scale} (raven has one scale for both)")
+    if c.block_type == "sandwich":
+        if c.n_kv_head != c.n_head:
+            raise RavenError(f"cannot export: GQA (n_kv_head={c.n_kv_head} != n_head={c.n_head}) in a sandwich model; Huginn's attention has no GQA")
+        if not c.norm_before_coda:
+            raise RavenError("cannot export: a sandwich model without norm_before_coda; Huginn always applies ln_f before the coda")
+        if c.rope_scaling:
+            raise RavenError("cannot export: rope_scaling in a sandwich model; Huginn's RoPE has no scaling")
+        if not math.isclose(c.embed_scale, math.sqrt(c.n_embd), rel_tol=1e-6):
+            raise RavenError(f"cannot export: embed_scale={c.embed_scale}, but Huginn's code multiplies by sqrt(n_embd)={math.sqrt(c.n_embd):g}")
+        return "huginn"
+    if c.norm_before_coda:
+        raise RavenError("cannot export: norm_before_coda in a pre-norm model; the retrofit code applies ln_f once, after the coda")
+    if c.attn_bias and c.n_kv_head != c.n_head:
+        raise RavenError("cannot export: q/k bias with GQA; the retrofit code's qk_bias has one bias per query head")
+    return "retrofit"
+
+
+def raven_state_dict(model, variant):
+    """The raven tensors of our model (inverse of state_dict_from_raven)."""
+    c, sd = model.config, {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    H, KV, hd = c.n_head, c.n_kv_head, c.head_dim
+    inv = torch.argsort(interleave_perm(hd)) if variant == "huginn" else None
+    out = {}
+    for raven_part, ours in RAVEN_PARTS.items():
+        for i in range(len(getattr(model, ours))):
+            src, dst = f"{ours}.{i}.", f"transformer.{raven_part}.{i}."
+            for rn, on in RAVEN_NORMS.items():
+                if f"{src}{on}.weight" in sd:
+                    out[f"{dst}{rn}.weight"] = sd[f"{src}{on}.weight"]
+            q, k = sd[src + "self_attn.q_proj.weight"], sd[src + "self_attn.k_proj.weight"]
+            if inv is not None:  # rotate-half halves -> Huginn's interleaved pairs
+                q, k = permute_heads(q, H, hd, inv), permute_heads(k, KV, hd, inv)
+            out[dst + "attn.Wqkv.weight"] = torch.cat([q, k, sd[src + "self_attn.v_proj.weight"]], dim=0)
+            if c.attn_bias:
+                if sd[src + "self_attn.v_proj.bias"].abs().max() > 0:
+                    raise RavenError(f"cannot export: {src}self_attn.v_proj.bias is nonzero; raven has a q/k bias only")
+                qb = sd[src + "self_attn.q_proj.bias"].view(H, hd)
+                kb = sd[src + "self_attn.k_proj.bias"].view(KV, hd)
+                if inv is not None:
+                    qb, kb = qb[:, inv], kb[:, inv]
+                out[dst + "attn.qk_bias"] = torch.stack([qb, kb])[:, None]  # (2, 1, H, hd)
+            out[dst + "attn.proj.weight"] = sd[src + "self_attn.o_proj.weight"]
+            out[dst + "mlp.fc.weight"] = torch.cat([sd[src + "mlp.gate_proj.weight"], sd[src + "mlp.up_proj.weight"]], dim=0)
+            out[dst + "mlp.proj.weight"] = sd[src + "mlp.down_proj.weight"]
+    for rk, ok in RAVEN_TOP.items():
+        if not (rk == "lm_head.weight" and c.tie_embeddings):  # save_pretrained drops a tied head
+            out[rk] = sd[ok]
+    if variant == "huginn":  # a persistent buffer in Huginn's class: store it so from_pretrained finds it
+        out["freqs_cis"] = huginn_freqs_cis(hd, c.block_size, c.rope_theta)
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def raven_config(c, variant):
+    """config.json as RavenConfig.save_pretrained writes it (Huginn-0125 defaults for the rest)."""
+    depth = c.n_prelude + c.n_coda + c.n_core * c.mean_recurrence  # effective_expected_depth
+    std0 = math.sqrt(2 / (5 * c.n_embd))
+    std = 0.0 if c.state_init == "zero" else (c.state_std if c.state_std is not None else std0)
+    huginn = variant == "huginn"
+    cfg = {
+        "activation_checkpoint_impl": "per-iteration", "architecture_class_name": "RecurrentGPT",
+        "architectures": ["RavenForCausalLM"],
+        "auto_map": {"AutoConfig": "raven_config_minimal.RavenConfig",
+                     "AutoModelForCausalLM": "raven_modeling_minimal.RavenForCausalLM"},
+        "bias": False, "block_class_name": "SandwichBlock", "block_size": c.block_size,
+        "effective_expected_depth": depth, "head_dim": c.head_dim, "init_orthogonal": False,
+        "init_strategy": "takase",
+        "init_values": {"embed_scale": math.sqrt(c.n_embd) if huginn else float(c.embed_scale),
+                        "embedding": std0, "out_proj": std0 / math.sqrt(2 * depth), "std": std},
+        "injection_type": "linear", "intermediate_size": c.intermediate_size, "mean_backprop_depth": 8,
+        "mean_recurrence": c.mean_recurrence, "mlp_class_name": "GatedMLP", "model_type": "huginn_raven",
+        "n_embd": c.n_embd, "n_heads": c.n_head, "n_layers": c.n_prelude + c.n_core + c.n_coda,
+        "n_layers_in_coda": c.n_coda, "n_layers_in_prelude": c.n_prelude,
+        "n_layers_in_recurrent_block": c.n_core, "nonlin_name": "SiLU", "norm_class_name": "RMSNorm_llama",
+        "norm_eps": c.norm_eps, "num_key_value_heads": c.n_kv_head, "padded_vocab_size": c.vocab_size,
+        "padding_multiple": 4096, "qk_bias": c.attn_bias,
+        # Huginn reads rope_base; the retrofit code reads rope_theta only. Writing the same base in both
+        # fields keeps tools that read the wrong one correct (the published retrofits hold a stale 500000)
+        "rope_base": c.rope_theta,
+        "sampling_scheme": "poisson-lognormal-filling", "state_init": "like-init", "test_time_noise": 0,
+        "test_time_noise_type": "fixed", "tie_embeddings": c.tie_embeddings, "torch_dtype": "float32",
+        "transformers_version": "4.51.0", "vocab_size": c.vocab_size,
+    }
+    if not huginn:
+        cfg["rope_theta"] = c.rope_theta
+        cfg["max_position_embeddings"] = c.block_size
+        if c.rope_scaling:
+            cfg["rope_scaling"] = dict(c.rope_scaling)
+    # no tie_word_embeddings key: with both keys Huginn's RavenConfig raises "got multiple values"
+    for ours, theirs in (("bos_id", "bos_token_id"), ("eos_id", "eos_token_id")):
+        if getattr(c, ours) is not None:
+            cfg[theirs] = getattr(c, ours)
+    return dict(sorted(cfg.items()))
+
+
+def save_raven(model, out_dir):
+    """Write model.safetensors + config.json of `model` in the raven format; returns the variant."""
+    from safetensors.torch import save_file
+
+    variant = check_exportable(model.config)
+    tensors = raven_state_dict(model, variant)  # may still refuse (nonzero v bias) before writing anything
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "model.safetensors")
+    save_file(tensors, path + ".tmp", metadata={"format": "pt"})
+    os.replace(path + ".tmp", path)
+    write_json_atomic(os.path.join(out_dir, "config.json"), raven_config(model.config, variant))
+    return variant
+
+
+def export_raven(model_dir, out_dir):
+    """One of our checkpoint directories (or a raven one) -> out_dir in the raven format, with the
+    tokenizer files of model_dir when it has them. Returns the variant written."""
+    if not os.path.isdir(model_dir):
+        raise RavenError(f"{model_dir} is not a directory: pass a checkpoint written by surgery.py or train.py")
+    if os.path.abspath(model_dir) == os.path.abspath(out_dir):
+        raise RavenError("export_raven: out_dir must differ from model_dir")
+    try:
+        model = RecurrentGPT.from_pretrained(model_dir)
+    except (FileNotFoundError, ValueError) as err:
+        raise RavenError(str(err).splitlines()[0]) from None
+    variant = save_raven(model, out_dir)
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(model_dir, name)):
+            os.makedirs(os.path.dirname(os.path.join(out_dir, name)), exist_ok=True)
+            shutil.copyfile(os.path.join(model_dir, name), os.path.join(out_dir, name))
+    return variant
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="read or write raven (Huginn / retrofit) checkpoints")
+    p.add_argument("--load", metavar="DIR", help="load a raven checkpoint and print the mapped config")
+    p.add_argument("--export", nargs=2, metavar=("DIR", "OUT"), help="write checkpoint DIR to OUT as raven")
+    args = p.parse_args(argv)
+    if not (args.load or args.export):
+        p.error("give --load DIR or --export DIR OUT")
+    try:
+        if args.load:
+            model = load_raven(args.load)
+            print(json.dumps({k: v for k, v in model.config.__dict__.items()}, indent=2, default=str))
+            print(model.param_counts())
+        if args.export:
+            print(f"wrote {args.export[1]} ({export_raven(*args.export)} variant)")
+    except RavenError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
