@@ -1,0 +1,331 @@
+"""
+Model surgery: turn a pretrained decoder into a recurrent one (McLeish et al. 2025, arXiv 2511.07384, §3).
+
+The parent's first P layers become the prelude, its last C layers the coda, and the R layers just
+before the coda the recurrent core; the layers in between are dropped. A new adapter
+Linear(2h -> h) joins the state and the prelude's output before every loop; at [0 | I] it passes
+e through, so r=1 (indeed any r) reproduces the layer-dropped parent exactly, which this script
+checks after writing.
+
+    python surgery.py --init=smollm2 --shape 6,8,6 --out out/smollm2          # offline, CPU, ~20 s
+    python surgery.py --init=llama --shape 4,6,4 --out out/llama_4_6_4        # Llama-3.2-1B from the hub
+    python surgery.py --init=path/to/hf_dir --layers 0-3,6-11,12-15 --out out/x
+    python surgery.py --export-raven out/llama_4_6_4 out/llama_raven          # the published "raven" format
+
+--init takes a short name (tinyllama, llama, olmo, qwen, smollm2), a hub id, a local directory in
+the hub's layout, or a .gguf file.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+from hub import CheckpointError, checkpoint_revision, resolve_checkpoint
+from model import RecurrentConfig, RecurrentGPT
+
+TOLERANCE = 1e-4  # max abs logit difference allowed by the self-check (fp32)
+
+
+class SurgeryError(Exception):
+    """Bad input to the surgery: the message says what is wrong and how to fix it."""
+
+
+# -----------------------------------------------------------------------------
+# the parent: config and weights, from a hub-layout directory or a GGUF file
+
+BLOCK_TYPES = {"llama": "prenorm", "mistral": "prenorm", "qwen2": "prenorm", "olmo2": "olmo2"}
+
+
+def parent_config(hf):
+    """RecurrentConfig fields from a Hugging Face config.json dict (transformers 4 or 5 layout)."""
+    if hf.get("model_type") not in BLOCK_TYPES:
+        raise SurgeryError(f"unsupported parent model_type {hf.get('model_type')!r}: supported are {sorted(BLOCK_TYPES)}")
+    if hf.get("mlp_bias"):
+        raise SurgeryError("parents with MLP biases are not supported")
+    # transformers 5 moved rope_theta and rope_scaling into one rope_parameters dict
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    scaling = None if rope_type == "default" else {k: v for k, v in rope.items() if k != "rope_theta"}
+    n_head = hf["num_attention_heads"]
+    eos = hf.get("eos_token_id")
+    return dict(
+        vocab_size=hf["vocab_size"],
+        n_embd=hf["hidden_size"],
+        n_head=n_head,
+        n_kv_head=hf.get("num_key_value_heads") or n_head,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // n_head,
+        intermediate_size=hf["intermediate_size"],
+        block_size=hf.get("max_position_embeddings", 2048),
+        block_type=BLOCK_TYPES[hf["model_type"]],
+        norm_eps=hf.get("rms_norm_eps", 1e-5),
+        rope_theta=float(theta),
+        rope_scaling=scaling,
+        attn_bias=hf["model_type"] == "qwen2" or bool(hf.get("attention_bias")),
+        qk_norm=hf["model_type"] == "olmo2",
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        bos_id=hf.get("bos_token_id"),
+        eos_id=eos[0] if isinstance(eos, list) else eos,
+    ), hf["num_hidden_layers"]
+
+
+def load_hf_dir(path):
+    """(config fields, n_layers, state dict with Hugging Face names) from a hub-layout directory."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise SurgeryError(f"{path} has no config.json: pass a checkpoint directory in the Hugging Face layout")
+    with open(cfg_path) as f:
+        fields, n_layers = parent_config(json.load(f))
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    sd = {}
+    for name in files:
+        try:
+            sd.update(load_file(os.path.join(path, name)))
+        except (FileNotFoundError, SafetensorError, OSError) as err:
+            raise SurgeryError(f"cannot read {os.path.join(path, name)} ({err}): download it again") from None
+    return fields, n_layers, {k: v.float() for k, v in sd.items()}
+
+
+GGUF_NAMES = {  # llama.cpp tensor name -> Hugging Face name (inside model.layers.{i}.)
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}  # fmt: skip
+
+
+def load_gguf(path):
+    """(config fields, n_layers, state dict with Hugging Face names) from a llama-architecture GGUF,
+    dequantized to fp32 (reference.md §3)."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as err:  # the gguf package raises bare ValueErrors and struct errors on bad files
+        raise SurgeryError(f"cannot read {path} as GGUF ({err}): download it again") from None
+    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
+    if meta.get("general.architecture") != "llama":
+        raise SurgeryError(f"{path}: only llama-architecture GGUF files are supported")
+    n_head, n_kv = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
+    h = meta["llama.embedding_length"]
+    sd = {}
+    for t in reader.tensors:
+        w = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())  # (out, in)
+        parts = t.name.split(".")
+        if parts[0] == "blk":
+            name = f"model.layers.{parts[1]}.{GGUF_NAMES[parts[2]]}.weight"
+            if parts[2] in ("attn_q", "attn_k"):
+                # llama.cpp interleaves each head's rows for its RoPE; undo it for rotate-half
+                n = n_head if parts[2] == "attn_q" else n_kv
+                w = w.reshape(n, w.shape[0] // n // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
+            sd[name] = w
+        else:
+            sd[{"token_embd": "model.embed_tokens.weight", "output_norm": "model.norm.weight",
+                "output": "lm_head.weight"}[parts[0]]] = w  # fmt: skip
+    fields = dict(
+        vocab_size=sd["model.embed_tokens.weight"].shape[0], n_embd=h, n_head=n_head, n_kv_head=n_kv,
+        head_dim=h // n_head, intermediate_size=meta["llama.feed_forward_length"],
+        block_size=meta.get("llama.context_length", 2048), block_type="prenorm",
+        norm_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]),
+        rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
+        tie_embeddings="lm_head.weight" not in sd,
+        bos_id=reader.fields["tokenizer.ggml.bos_token_id"].contents(),
+        eos_id=reader.fields["tokenizer.ggml.eos_token_id"].contents(),
+    )  # fmt: skip
+    return fields, meta["llama.block_count"], sd
+
+
+def load_parent(src):
+    return load_gguf(src) if src.endswith(".gguf") else load_hf_dir(src)
+
+
+# -----------------------------------------------------------------------------
+# layer selection
+
+
+def select_layers(n_layers, shape):
+    """The paper's rule: prelude = first P, coda = last C, core = the R layers just before the coda."""
+    P, R, C = shape
+    if min(shape) < 1:
+        raise SurgeryError(f"shape {P},{R},{C} has an empty part: prelude, core and coda need >= 1 layer each")
+    if P + R + C > n_layers:
+        raise SurgeryError(f"shape {P},{R},{C} needs {P + R + C} layers but the parent has {n_layers}: shrink the shape")
+    return {"prelude": list(range(P)), "core": list(range(n_layers - C - R, n_layers - C)),
+            "coda": list(range(n_layers - C, n_layers))}  # fmt: skip
+
+
+def parse_layers(spec, n_layers):
+    """'0-3,6-11,12-15' -> the layer map, checked against the parent."""
+    parts = spec.split(",")
+    if len(parts) != 3:
+        raise SurgeryError(f"--layers {spec!r} must give three ranges, prelude,core,coda, like 0-3,6-11,12-15")
+    out = {}
+    for name, part in zip(("prelude", "core", "coda"), parts):
+        try:
+            a, _, b = part.partition("-")
+            out[name] = list(range(int(a), int(b or a) + 1))
+        except ValueError:
+            raise SurgeryError(f"--layers: cannot read {part!r} as a layer range like 6-11") from None
+        if not out[name]:
+            raise SurgeryError(f"--layers: the {name} range {part!r} is empty")
+    flat = out["prelude"] + out["core"] + out["coda"]
+    if len(set(flat)) != len(flat) or flat != sorted(flat):
+        raise SurgeryError(f"--layers {spec!r}: ranges overlap or are out of order")
+    if flat[-1] >= n_layers:
+        raise SurgeryError(f"--layers {spec!r}: layer {flat[-1]} does not exist, the parent has {n_layers} (0-{n_layers - 1})")
+    return out
+
+
+# -----------------------------------------------------------------------------
+# the surgery
+
+
+def build(fields, sd, layers, recurrent=True, untie=False, **overrides):
+    """A RecurrentGPT whose blocks are copies of the parent's layers `layers` (HF names in sd)."""
+    config = RecurrentConfig(**{**fields, **overrides}, recurrent=recurrent, layers=layers,
+                             n_prelude=len(layers["prelude"]), n_core=len(layers["core"]), n_coda=len(layers["coda"]))  # fmt: skip
+    if untie and config.tie_embeddings:
+        config.tie_embeddings = False  # the published retrofits untie: lm_head starts as a copy of the embedding
+        sd = {**sd, "lm_head.weight": sd["model.embed_tokens.weight"].clone()}
+    model = RecurrentGPT(config)
+    new = {"embed_tokens.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"]}
+    if not config.tie_embeddings:
+        new["lm_head.weight"] = sd["lm_head.weight"]
+    for part, idxs in layers.items():
+        for j, i in enumerate(idxs):
+            prefix = f"model.layers.{i}."
+            for k, v in sd.items():
+                if k.startswith(prefix):
+                    new[f"{part}.{j}.{k[len(prefix):]}"] = v
+    target = {k: v for k, v in model.state_dict().items() if not k.startswith("adapter.")}
+    if config.tie_embeddings:
+        target.pop("lm_head.weight")
+    missing, extra = sorted(set(target) - set(new)), sorted(set(new) - set(target))
+    if missing or extra:
+        raise SurgeryError(f"parent weights do not match the model: missing {missing[:4]}, unexpected {extra[:4]}")
+    for k, v in new.items():
+        if v.shape != target[k].shape:
+            raise SurgeryError(f"parent tensor {k} has shape {tuple(v.shape)}, the config says {tuple(target[k].shape)}")
+    model.load_state_dict(new, strict=False)  # strict=False: only the adapter keeps its fresh init
+    return model
+
+
+def retrofit(init, shape=(4, 6, 4), layers=None, static=False, untie=False, **config_overrides):
+    """Resolve `init`, load the parent and cut it. Returns (model, src), src being the local parent path.
+    shape=None keeps every layer (prelude 1, core n-2, coda 1)."""
+    src = resolve_checkpoint(init)
+    fields, n_layers, sd = load_parent(src)
+    shape = shape or (1, n_layers - 2, 1)
+    if static:  # the non-recurrent baseline keeps the whole parent; the split only labels the layers
+        P, _, C = shape
+        layer_map = {"prelude": list(range(P)), "core": list(range(P, n_layers - C)), "coda": list(range(n_layers - C, n_layers))}
+    elif layers:
+        layer_map = parse_layers(layers, n_layers)
+    else:
+        layer_map = select_layers(n_layers, shape)
+    model = build(fields, sd, layer_map, recurrent=not static, untie=untie, **config_overrides)
+    model.config.parent = {"init": init, "n_layers": n_layers, **checkpoint_revision(src)}
+    return model, src
+
+
+@torch.no_grad()
+def self_check(model, n_tokens=32, r_values=(1, 4)):
+    """Max abs logit difference between the recurrent model (identity adapter, r=1 and r=4) and the
+    layer-dropped parent: a static model holding the same kept layers in order."""
+    c = model.config
+    static = RecurrentGPT(RecurrentConfig(**{**vars(c), "recurrent": False, "adapter_init": "identity"}))
+    static.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("adapter.")}, strict=False)
+    probe = RecurrentGPT(RecurrentConfig(**{**vars(c), "adapter_init": "identity"}))
+    probe.load_state_dict(model.state_dict())
+    probe.reset_adapter()  # the check is about the cut, whatever adapter init the user asked for
+    idx = torch.randint(0, c.vocab_size, (1, n_tokens), generator=torch.Generator().manual_seed(0))
+    ref, _ = static.eval()(idx)
+    return max((probe.eval()(idx, num_steps=r)[0] - ref).abs().max().item() for r in r_values)
+
+
+def write_checkpoint(model, src, out_dir):
+    """Weights + config.json + the parent's tokenizer files, so every script can load out_dir."""
+    from tokenizer import save_tokenizer_files
+
+    model.save_pretrained(out_dir)
+    save_tokenizer_files(src, out_dir)
+
+
+def load_model(init, device="cpu", **overrides):
+    """What every script's --init goes through: our checkpoint dir, a raven checkpoint (dir or hub id),
+    or a parent retrofitted with all its layers and the identity adapter (equal to the parent at any r).
+    Returns (model, path for load_tokenizer)."""
+    if os.path.isfile(os.path.join(init, "config.json")) and os.path.isfile(os.path.join(init, "model.safetensors")):
+        return RecurrentGPT.from_pretrained(init, device=device, **overrides), init
+    src = resolve_checkpoint(init)
+    if os.path.isdir(src):
+        with open(os.path.join(src, "config.json")) as f:
+            if json.load(f).get("model_type") in ("huginn_raven", "nanorecur"):
+                return RecurrentGPT.from_pretrained(src, device=device, **overrides), src
+    model, src = retrofit(src, shape=None, **overrides)
+    return model.to(device), src
+
+
+# -----------------------------------------------------------------------------
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--init", help="short name, hub id, hub-layout directory or .gguf file")
+    p.add_argument("--shape", default="4,6,4", help="P,R,C: prelude, recurrent core and coda layer counts")
+    p.add_argument("--layers", default=None, help="explicit layer map, e.g. 0-3,6-11,12-15 (overrides --shape)")
+    p.add_argument("--out", help="output checkpoint directory")
+    p.add_argument("--static", action="store_true", help="keep every layer, no loop: the non-recurrent baseline")
+    p.add_argument("--adapter_init", default="identity", choices=["identity", "sum", "random"])
+    p.add_argument("--state_init", default="normal", choices=["normal", "zero", "embed"])
+    p.add_argument("--untie", action="store_true", help="untie the output head (as the published retrofits do)")
+    p.add_argument("--mean_recurrence", type=int, default=4, help="default r when a script does not give one")
+    p.add_argument("--export-raven", nargs=2, metavar=("DIR", "OUT"), help="write checkpoint DIR in the raven format")
+    args = p.parse_args(argv)
+    try:
+        if args.export_raven:
+            from raven import export_raven
+
+            export_raven(*args.export_raven)
+            print(f"wrote {args.export_raven[1]} (raven format)")
+            return 0
+        if not args.init or not args.out:
+            p.error("--init and --out are required")
+        try:
+            shape = tuple(int(x) for x in args.shape.split(","))
+            assert len(shape) == 3
+        except (ValueError, AssertionError):
+            raise SurgeryError(f"--shape {args.shape!r} must be three integers P,R,C like 4,6,4") from None
+        print(f"surgery: init={args.init} shape={args.shape} layers={args.layers} static={args.static}")
+        model, src = retrofit(args.init, shape, layers=args.layers, static=args.static, untie=args.untie,
+                              adapter_init=args.adapter_init, state_init=args.state_init,
+                              mean_recurrence=args.mean_recurrence)  # fmt: skip
+        write_checkpoint(model, src, args.out)
+        counts = model.param_counts()
+        print(f"layers: {json.dumps(model.config.layers)}")
+        print("params: " + ", ".join(f"{k} {v / 1e6:.2f}M" for k, v in counts.items()))
+        # check what was written, not what is in memory
+        written = RecurrentGPT.from_pretrained(args.out)
+        diff = self_check(written) if written.config.recurrent else 0.0
+        print(f"self-check: identity adapter at r=1 and r=4 vs the layer-dropped parent: max abs logit diff {diff:.2e}")
+        if not diff <= TOLERANCE:
+            raise SurgeryError(f"self-check FAILED: max abs logit diff {diff:.2e} > {TOLERANCE:.0e}; {args.out} is wrong")
+        print(f"wrote {args.out}")
+        return 0
+    except (SurgeryError, CheckpointError, FileNotFoundError, ValueError) as err:
+        print(f"surgery.py: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
