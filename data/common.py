@@ -332,7 +332,8 @@ def hub_error(e, repo_id, gated=False):
 def hub_list_files(repo_id, prefix, suffixes, gated=False):
     """Sorted data files of a hub dataset repo under prefix/ ending in one of suffixes."""
     import huggingface_hub
-    huggingface_hub.utils.logging.set_verbosity_error()  # no retry chatter: we print one line
+    from huggingface_hub.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()  # no retry chatter: a failure is reported as one line
     try:
         files = huggingface_hub.list_repo_files(repo_id, repo_type="dataset")
     except Exception as e:  # any hub/network failure becomes one clear line
@@ -346,7 +347,8 @@ def hub_list_files(repo_id, prefix, suffixes, gated=False):
 def hub_download(repo_id, filename, gated=False):
     """Local path of one dataset file (huggingface_hub cache, resumable, honours HF_HUB_OFFLINE)."""
     import huggingface_hub
-    huggingface_hub.utils.logging.set_verbosity_error()
+    from huggingface_hub.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
     try:
         return huggingface_hub.hf_hub_download(repo_id, filename, repo_type="dataset")
     except Exception as e:
@@ -361,3 +363,21 @@ def parquet_texts(pq, path, column):
                         f"pass --text_field")
     for g in range(pf.num_row_groups):
         yield from pf.read_row_group(g, columns=[column]).column(column).to_pylist()
+
+
+def hub_parquet_docs(repo_id, prefix, num_files, num_docs, text_field, gated=False):
+    """(files, docs): the first num_files parquet files under prefix/ of a hub dataset, and a
+    generator over the first num_docs of their text_field (0 = all), downloading file by file."""
+    files = hub_list_files(repo_id, prefix, (".parquet",), gated)[:num_files]
+    pq = require_pyarrow()  # checked before any large download starts
+
+    def docs():
+        n = 0
+        for name in files:
+            path = hub_download(repo_id, name, gated)
+            for text in parquet_texts(pq, path, text_field):
+                if num_docs and n >= num_docs:
+                    return
+                yield text
+                n += 1
+    return files, docs()
