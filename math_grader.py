@@ -19,6 +19,7 @@ symbolic step is skipped, with a one-time warning).
 Test: python -m pytest -q tests/test_eval_math.py
 """
 
+import math
 import re
 import signal
 import string
@@ -30,7 +31,8 @@ import sympy
 from sympy.parsing.sympy_parser import (convert_xor, factorial_notation, implicit_multiplication_application,
                                         parse_expr, rationalize, standard_transformations)
 
-SYMBOLIC_TIMEOUT_S = 3.0
+SYMBOLIC_TIMEOUT_S = 3.0  # per atom compared; the sympy step is skipped past it (counted not equal)
+MAX_SYMBOLIC_CHARS = 300  # longer answers are compared as strings only
 
 # -----------------------------------------------------------------------------
 # extraction
@@ -107,6 +109,20 @@ def _fix_fracs(s):
                 i += 1
 
 
+def _unwrap(s, commands):
+    """\\cmd{content} -> content (nested braces kept), for each command."""
+    for cmd in commands:
+        while True:
+            i = s.find(cmd + "{")
+            if i < 0:
+                break
+            content, end = _braced(s, i + len(cmd))
+            if content is None:
+                break
+            s = s[:i] + content.strip() + s[end:]
+    return s
+
+
 def _fix_sqrt(s):
     """\\sqrt2 -> \\sqrt{2}, \\sqrt\\pi -> \\sqrt{\\pi}."""
     s = re.sub(r"\\sqrt(\\[A-Za-z]+)", r"\\sqrt{\1}", s)
@@ -124,9 +140,12 @@ def strip_string(s):
     for deg in ("^{\\circ}", "^\\circ", "\\circ", "°", "\\degree", "\\%", "%", "\\$", "$"):
         s = s.replace(deg, "")
     # Hendrycks: "\text{ " (with a space) only introduces units on the right
-    if "\\text{ " in s and not s.startswith("\\text{ "):
-        s = s.split("\\text{ ")[0]
-    s = re.sub(r"\\text\{\s*(.*?)\s*\}", r"\1", s)  # \text{Evelyn} -> Evelyn
+    i = s.find("\\text{ ", 1)
+    while i > 0:
+        end = _braced(s, i + 5)[1]
+        s = s[:i] + re.sub(r"^\^(\{[23]\}|[23])", "", s[end:])  # "864 \text{ inches}^2" -> "864"
+        i = s.find("\\text{ ", 1)
+    s = _unwrap(s, ("\\text", "\\boxed", "\\overline"))  # \text{Evelyn} -> Evelyn
     s = _UNITS_RE.sub("", s)
     for dots in ("\\ldots", "\\cdots", "\\dots"):
         s = s.replace(dots, "")
@@ -301,14 +320,31 @@ def _to_python(s):
     return "".join(out)
 
 
+def _too_big(expr):
+    """True if evaluating expr would build a huge integer (9^{9^9}): Python's big-int arithmetic
+    runs in C, where the SIGALRM timeout cannot interrupt it, so such answers get no symbolic check."""
+    for node in sympy.preorder_traversal(expr):
+        if isinstance(node, sympy.Pow) and not node.exp.free_symbols:
+            e = abs(complex(node.exp.evalf(15)))
+            base = abs(complex(node.base.evalf(15))) if not node.base.free_symbols else 2.0
+            if e > 1e4 or e * math.log2(max(base, 2.0)) > 1e5:
+                return True
+    return False
+
+
 def latex_to_sympy(s):
     """A sympy expression for the LaTeX answer s, or None if s is outside the supported subset."""
+    if len(s) > MAX_SYMBOLIC_CHARS:
+        return None
     try:
         py = _to_python(s)
-        if "," in py or py.strip() == "":
+        if "," in py or py.strip() == "" or any(int(n) > 1000 for n in re.findall(r"(\d+)\s*!", py)):
+            return None  # (sympy computes n! even unevaluated, so big factorials are refused here)
+        kwargs = dict(local_dict=dict(_LOCALS), transformations=_TRANSFORMS)
+        if _too_big(parse_expr(py, evaluate=False, **kwargs)):
             return None
-        return parse_expr(py, local_dict=dict(_LOCALS), transformations=_TRANSFORMS, evaluate=True)
-    except Exception:  # a parse failure of either converter only means "no symbolic check"
+        return parse_expr(py, evaluate=True, **kwargs)
+    except Exception:  # a parse failure of our converter only means "no symbolic check" (try sympy's own)
         return _parse_latex_antlr(s)
 
 
@@ -363,13 +399,14 @@ def _symbolic_equal(a, b):
         # polynomials and rational functions: equal at 3 random points in (0.5, 1.5) -> equal
         rng = [[0.5 + ((7 * k + 3 * j) % 11) / 10.0 for j in range(len(syms))] for k in range(3)]
         for point in rng:
-            v = complex(diff.subs(dict(zip(syms, point))).evalf())
-            if abs(v) > 1e-9 * max(1.0, abs(complex(a.subs(dict(zip(syms, point))).evalf()))):
+            at = dict(zip(syms, point))
+            v, scale = abs(diff.subs(at).evalf(30)), max(abs(a.subs(at).evalf(30)), abs(b.subs(at).evalf(30)), 1)
+            if not (v.is_finite and scale.is_finite and v <= sympy.Float(1e-9) * scale):
                 return False
         return True
-    if not diff.free_symbols:
-        v = complex(diff.evalf(30))
-        return abs(v) <= 1e-12 * max(1.0, abs(complex(b.evalf(30))))
+    if not diff.free_symbols:  # in sympy floats: complex() would overflow to inf on big numbers
+        v, scale = abs(diff.evalf(30)), max(abs(a.evalf(30)), abs(b.evalf(30)), 1)
+        return bool(v.is_finite and scale.is_finite and v <= sympy.Float(1e-12) * scale)
     return False
 
 

@@ -1,0 +1,561 @@
+"""
+Accuracy against test-time recurrence: GSM8K, MATH, the synthetic depth task, and loss.
+
+The claim of retrofitted recurrence (McLeish et al. 2025, arXiv 2511.07384) is that a looped
+model turns more test-time iterations r into more accuracy: their GSM8K 1-shot chain-of-thought
+accuracy rises from r=1 to r~8-32 (shared/docs/reference.md section 1). This script sweeps r and
+reports accuracy (with standard error sqrt(p(1-p)/n)) against r and against inference FLOPs per
+token (model.inference_flops_per_token), so recurrent and static models compare at equal compute.
+- gsm8k: "Q: ...\\nA: Let's think step by step." with n train exemplars, greedy; lm-eval's strict
+  ("#### N") and flexible (last number) extraction, exact match after removing "$", "," and a final ".".
+- math:  the Minerva 4-shot prompt (Lewkowycz et al. 2022, arXiv 2206.14858), \\boxed{} answers,
+  graded by math_grader.py (normalization plus a sympy check).
+- depth: the S3 running product of data/depth: accuracy by (steps k, r), k up to beyond the trained depth.
+- loss:  mean cross-entropy of fixed, seeded batches of a prepared .bin set at each r.
+
+    python eval_math.py --init out/smollm2 --task gsm8k --data ../shared/data/gsm8k --limit 20 --r 1,4   # CPU
+    python eval_math.py --init out/ckpt --task math --r 1,2,4,8,16,32
+    python eval_math.py --init out/depth --task depth --data data/depth --r 1,2,4,8,16,32
+    python eval_math.py --init out/ckpt --task loss --data data/sotu --r 1,2,4,8
+Writes --out_dir (default out/eval/<task>): results.jsonl (one line per problem and r),
+summary.json, and PNG plots.
+"""
+
+import argparse
+import json
+import math
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from math_grader import extract_boxed, grade_math  # noqa: F401 (part of this module's interface)
+
+REPO = Path(__file__).resolve().parent
+
+
+class EvalError(Exception):
+    """An expected failure (bad input, missing file, hub offline): printed as one line, no traceback."""
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--init", required=True, help="checkpoint directory (model.py save_pretrained + tokenizer)")
+    p.add_argument("--task", required=True, choices=("gsm8k", "math", "depth", "loss"))
+    p.add_argument("--r", default="1,2,4,8,16,32", help="comma-separated test-time recurrences")
+    p.add_argument("--data", default=None, help="gsm8k/math: a jsonl or a dir with test.jsonl (+ train.jsonl); "
+                   "depth/loss: a prepared data dir. Default: the hub (gsm8k, math) or data/depth")
+    p.add_argument("--math_set", default="math500", choices=("math500", "full"), help="hub MATH set")
+    p.add_argument("--limit", type=int, default=0, help="first N problems / rows / batches only (0 = all)")
+    p.add_argument("--shots", type=int, default=None, help="exemplars (default: gsm8k 1, math 4)")
+    p.add_argument("--chat", action="store_true", help="wrap prompts in the parent's chat template")
+    p.add_argument("--max_new_tokens", type=int, default=None, help="default: gsm8k 256, math 512")
+    p.add_argument("--chunk", type=int, default=64, help="tokens per generate() call between stop-string checks")
+    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--exit_criterion", default=None, help="adaptive exit (sample.py), e.g. kl")
+    p.add_argument("--exit_threshold", type=float, default=None)
+    p.add_argument("--num_batches", type=int, default=20, help="loss: batches of --batch_size rows")
+    p.add_argument("--seq_len", type=int, default=256, help="loss: tokens per row for plain text data")
+    p.add_argument("--split", default="val", help="depth/loss: which split of the data dir")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out_dir", default=None)
+    args = p.parse_args(argv)
+    try:
+        args.r = [int(x) for x in args.r.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--r must be comma-separated integers, got {args.r!r}")
+    if not args.r or min(args.r) < 1:
+        p.error("--r needs at least one recurrence, each >= 1")
+    args.shots = {"gsm8k": 1, "math": 4}.get(args.task, 0) if args.shots is None else args.shots
+    args.max_new_tokens = args.max_new_tokens or {"gsm8k": 256, "math": 512}.get(args.task, 0)
+    args.out_dir = args.out_dir or f"out/eval/{args.task}"
+    return args
+
+
+# -----------------------------------------------------------------------------
+# GSM8K answers (lm-eval's gsm8k-cot filters)
+
+FLEX_RE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
+STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
+def clean_number(s):
+    s = s.replace(",", "").replace("$", "").strip()
+    return s[:-1] if s.endswith(".") else s
+
+
+def extract_gsm8k(text):
+    """Flexible extraction: the last number in text (cleaned), or None."""
+    matches = FLEX_RE.findall(text or "")
+    if not matches:
+        return None
+    a, b = matches[-1]
+    return clean_number(a or b)
+
+
+def extract_gsm8k_strict(text):
+    """Strict extraction: the number after the first "#### " (cleaned), or None."""
+    m = STRICT_RE.search(text or "")
+    return clean_number(m.group(1)) if m else None
+
+
+def gsm8k_gold(answer):
+    return clean_number(answer.split("####")[-1])
+
+
+def extract_math(text):
+    """The last \\boxed{} answer, else Minerva's "The final answer is X. I hope it is correct."."""
+    boxed = extract_boxed(text)
+    if boxed is not None:
+        return boxed
+    m = re.search(r"[Ff]inal [Aa]nswer(?::| is)?.*?is \$?(.*?)\$?\.? I hope it is correct", text or "")
+    return m.group(1).strip() if m else None
+
+
+# -----------------------------------------------------------------------------
+# data: local jsonl, or the Hugging Face hub
+
+
+def read_jsonl(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def local_split(data, split):
+    """A jsonl file (the test split; train.jsonl beside it) or a dir with {split}.jsonl."""
+    path = Path(data)
+    if path.is_dir():
+        path = path / f"{split}.jsonl"
+    elif split != "test":
+        path = path.with_name(f"{split}.jsonl")
+    if not path.is_file():
+        raise EvalError(f"{path} not found (--data takes a jsonl file or a dir with {split}.jsonl)")
+    return read_jsonl(path)
+
+
+def hub_rows(repo_id, want):
+    """Rows of the hub files whose names satisfy want(name): jsonl directly, parquet through pyarrow."""
+    from data.common import DataError, hub_download, hub_list_files, require_pyarrow
+    try:
+        files = [f for f in hub_list_files(repo_id, "", (".jsonl", ".parquet")) if want(f)]
+        if not files:
+            raise EvalError(f"no matching data files in {repo_id}")
+        rows = []
+        for name in files:
+            local = hub_download(repo_id, name)
+            rows += read_jsonl(local) if name.endswith(".jsonl") else \
+                require_pyarrow().read_table(local).to_pylist()
+        return rows
+    except DataError as e:
+        raise EvalError(f"{e} (or pass --data PATH to a local jsonl)") from None
+
+
+def load_problems(args):
+    """(test rows, train rows for exemplars) with fields question/answer (gsm8k) or problem/solution/answer."""
+    if args.task == "gsm8k":
+        get = (lambda s: local_split(args.data, s)) if args.data else \
+            (lambda s: hub_rows("openai/gsm8k", lambda f: f.startswith(f"main/{s}-")))
+        return get("test"), (get("train") if args.shots else [])
+    if args.data:
+        rows = local_split(args.data, "test")
+    elif args.math_set == "math500":
+        rows = hub_rows("HuggingFaceH4/MATH-500", lambda f: f == "test.jsonl")
+    else:
+        rows = hub_rows("EleutherAI/hendrycks_math", lambda f: "/test-" in f)
+    for row in rows:
+        if "problem" not in row or "solution" not in row:
+            raise EvalError("MATH rows need the fields problem and solution")
+        row.setdefault("answer", extract_boxed(row["solution"]))
+    return rows, []
+
+
+# -----------------------------------------------------------------------------
+# prompts
+
+MINERVA_SHOTS = [  # the 4-shot MATH prompt of Lewkowycz et al. 2022, appendix D.2
+    ("Find the domain of the expression  $\\frac{\\sqrt{x-2}}{\\sqrt{5-x}}$.}",
+     "The expressions inside each square root must be non-negative. Therefore, $x-2 \\ge 0$, so $x\\ge2$, and "
+     "$5 - x \\ge 0$, so $x \\le 5$. Also, the denominator cannot be equal to zero, so $5-x>0$, which gives $x<5$. "
+     "Therefore, the domain of the expression is $\\boxed{[2,5)}$.\nFinal Answer: The final answer is $[2,5)$. "
+     "I hope it is correct."),
+    ("If $\\det \\mathbf{A} = 2$ and $\\det \\mathbf{B} = 12,$ then find $\\det (\\mathbf{A} \\mathbf{B}).$",
+     "We have that $\\det (\\mathbf{A} \\mathbf{B}) = (\\det \\mathbf{A})(\\det \\mathbf{B}) = (2)(12) = "
+     "\\boxed{24}.$\nFinal Answer: The final answer is $24$. I hope it is correct."),
+    ("Terrell usually lifts two 20-pound weights 12 times. If he uses two 15-pound weights instead, how many times "
+     "must Terrell lift them in order to lift the same total weight?",
+     "If Terrell lifts two 20-pound weights 12 times, he lifts a total of $2\\cdot 12\\cdot20=480$ pounds of weight.  "
+     "If he lifts two 15-pound weights instead for $n$ times, he will lift a total of $2\\cdot15\\cdot n=30n$ pounds "
+     "of weight.  Equating this to 480 pounds, we can solve for $n$:\n\\begin{align*}\n30n&=480\\\\\n"
+     "\\Rightarrow\\qquad n&=480/30=\\boxed{16}\n\\end{align*}\nFinal Answer: The final answer is $16$. "
+     "I hope it is correct."),
+    ("If the system of equations\n\n\\begin{align*}\n6x-4y&=a,\\\\\n6y-9x &=b.\n\\end{align*}has a solution $(x, y)$ "
+     "where $x$ and $y$ are both nonzero, find $\\frac{a}{b},$ assuming $b$ is nonzero.",
+     "If we multiply the first equation by $-\\frac{3}{2}$, we obtain\n\n$$6y-9x=-\\frac{3}{2}a.$$Since we also know "
+     "that $6y-9x=b$, we have\n\n$$-\\frac{3}{2}a=b\\Rightarrow\\frac{a}{b}=\\boxed{-\\frac{2}{3}}.$$\n"
+     "Final Answer: The final answer is $-\\frac{2}{3}$. I hope it is correct."),
+]
+STOP_RE = {"gsm8k": re.compile(r"(^|\n)Q:"), "math": re.compile(r"(^|\n)Problem:")}
+
+
+def exemplars(args, train):
+    """(question, worked answer) pairs: a seeded draw from the train split (gsm8k) or Minerva's four."""
+    if args.task == "math":
+        if args.shots > len(MINERVA_SHOTS):
+            raise EvalError(f"--shots {args.shots}: the Minerva prompt has {len(MINERVA_SHOTS)} exemplars")
+        return MINERVA_SHOTS[:args.shots]
+    if args.shots > len(train):
+        raise EvalError(f"--shots {args.shots} but the train split has {len(train)} rows")
+    # calculator annotations <<48/2=24>> are a tool format of the data set, not part of the reasoning
+    return [(r["question"], re.sub(r"<<[^>]*>>", "", r["answer"]))
+            for r in random.Random(args.seed).sample(train, args.shots)]
+
+
+def build_prompt(args, tok, question, shots):
+    """The prompt text: plain few-shot ("Q:/A:" or "Problem:/Solution:"), or the parent's chat template."""
+    if args.task == "gsm8k":
+        q, a = "Q: {}\nA: Let's think step by step.", " {}"
+    else:
+        q, a = "Problem:\n{}\n\nSolution:", "\n{}"
+    if not args.chat:
+        return "".join(q.format(x) + a.format(y) + "\n\n" for x, y in shots) + q.format(question)
+    messages = []
+    for x, y in shots + [(question, None)]:
+        messages.append({"role": "user", "content": q.format(x)})
+        if y is not None:
+            messages.append({"role": "assistant", "content": y})
+    return tok.apply_chat_template(messages, add_generation_prompt=True)
+
+
+def encode_prompt(tok, text):
+    ids = tok.encode(text)
+    # Llama-style tokenizers start every document with BOS (when BOS != EOS and not already there)
+    if tok.bos_id is not None and tok.bos_id != tok.eos_id and (not ids or ids[0] != tok.bos_id):
+        ids = [tok.bos_id] + ids
+    return ids
+
+
+# -----------------------------------------------------------------------------
+# generation with stop strings
+
+
+def end_of_turn_id(tok, chat):
+    """EOS, or in chat mode the template's end-of-turn token if it is one token (<|im_end|>, <|eot_id|>)."""
+    if chat:
+        for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+            ids = tok.encode(marker)
+            if len(ids) == 1:
+                return ids[0]
+    return tok.eos_id
+
+
+def complete(model, tok, prompts, r, args, eos_id, seed):
+    """Greedy completions of a batch, generated --chunk tokens at a time until a stop string or EOS.
+
+    Returns [(text, n_tokens, loops)] with text cut before the stop string."""
+    from sample import generate
+
+    stop_re = STOP_RE[args.task]
+    gen = [[] for _ in prompts]
+    loops = [0 for _ in prompts]
+    text = [None for _ in prompts]
+    for c in range(0, args.max_new_tokens, args.chunk):
+        active = [i for i in range(len(prompts)) if text[i] is None]
+        if not active:
+            break
+        outs = generate(model, [prompts[i] + gen[i] for i in active], max_new_tokens=min(args.chunk,
+                        args.max_new_tokens - c), num_steps=r, temperature=0.0, eos_id=eos_id, seed=seed + c,
+                        exit_criterion=args.exit_criterion, exit_threshold=args.exit_threshold)
+        for i, out in zip(active, outs):
+            new = list(out.tokens)
+            hit_eos = eos_id is not None and eos_id in new
+            if hit_eos:
+                new = new[:new.index(eos_id)]
+            # the first token at which a stop string completes (searched only when the chunk has one)
+            for j in range(len(new) if stop_re.search(tok.decode(gen[i] + new)) else 0):
+                m = stop_re.search(tok.decode(gen[i] + new[:j + 1]))
+                if m:
+                    gen[i] += new[:j + 1]
+                    loops[i] += sum(out.loops[:j + 1])
+                    text[i] = tok.decode(gen[i])[:m.start()]
+                    break
+            else:
+                gen[i] += new
+                loops[i] += sum(out.loops[:len(new) + hit_eos])
+                if hit_eos or len(gen[i]) >= args.max_new_tokens or len(new) == 0:
+                    text[i] = tok.decode(gen[i])
+    return [(text[i] if text[i] is not None else tok.decode(gen[i]), len(gen[i]), loops[i])
+            for i in range(len(prompts))]
+
+
+def run_generation(args, model, tok):
+    rows, train = load_problems(args)
+    rows = rows[:args.limit] if args.limit else rows
+    shots = exemplars(args, train)
+    eos_id = end_of_turn_id(tok, args.chat)
+    prompts = [build_prompt(args, tok, row["question" if args.task == "gsm8k" else "problem"], shots) for row in rows]
+    ids = [encode_prompt(tok, p) for p in prompts]
+    from tqdm import tqdm
+
+    records = []
+    for r in args.r:
+        t0 = time.time()
+        for b in tqdm(range(0, len(rows), args.batch_size), desc=f"{args.task} r={r}", unit="batch"):
+            outs = complete(model, tok, ids[b:b + args.batch_size], r, args, eos_id, args.seed + b)
+            for k, (completion, ntok, nloops) in enumerate(outs):
+                row = rows[b + k]
+                rec = {"index": b + k, "r": r, "prompt": prompts[b + k], "completion": completion}
+                if args.task == "gsm8k":
+                    gold = gsm8k_gold(row["answer"])
+                    rec.update(extracted=extract_gsm8k(completion), strict=extract_gsm8k_strict(completion), gold=gold)
+                    rec.update(correct=rec["extracted"] == gold, strict_correct=rec["strict"] == gold)
+                else:
+                    rec.update(extracted=extract_math(completion), gold=row["answer"], level=row.get("level"),
+                               subject=row.get("subject", row.get("type")))
+                    rec["correct"] = grade_math(rec["extracted"], row["answer"])
+                rec.update(tokens=ntok, loops=nloops, loops_per_token=nloops / max(ntok, 1))
+                records.append(rec)
+        for rec in records[-len(rows):]:
+            rec["seconds_per_problem"] = (time.time() - t0) / max(len(rows), 1)
+    return records
+
+
+# -----------------------------------------------------------------------------
+# depth task and loss
+
+
+def load_bin(args):
+    from data.common import load_meta, open_split
+    if not args.data:
+        raise EvalError(f"--task {args.task} needs --data DIR (a dir written by data/<set>/prepare.py)")
+    try:
+        meta = load_meta(args.data)
+        return (meta,) + open_split(args.data, args.split, meta)
+    except (FileNotFoundError, ValueError) as e:
+        raise EvalError(str(e)) from None
+
+
+@torch.no_grad()
+def run_depth(args, model):
+    """Accuracy at the labeled positions, grouped by the steps k each label needs, for every r."""
+    args.data = args.data or str(REPO / "data" / "depth")
+    meta, ids, targets, steps = load_bin(args)
+    if targets is None or steps is None or not meta.get("seq_len"):
+        raise EvalError(f"{args.data} has no {args.split}_targets.bin/_step.bin: not a depth task dir")
+    if meta["vocab_size"] > model.config.vocab_size:
+        raise EvalError(f"data vocab {meta['vocab_size']} > model vocab {model.config.vocab_size}")
+    shape = (-1, meta["seq_len"])
+    ids, targets, steps = (np.asarray(a).reshape(shape) for a in (ids, targets, steps))
+    if args.limit:
+        ids, targets, steps = ids[:args.limit], targets[:args.limit], steps[:args.limit]
+    records = []
+    for r in args.r:
+        torch.manual_seed(args.seed)  # s_0 is a random draw: the same draws for every r
+        for b in range(0, len(ids), args.batch_size):
+            x = torch.from_numpy(ids[b:b + args.batch_size].astype(np.int64)).to(args.device)
+            pred = model(x, num_steps=r)[0].argmax(-1).cpu().numpy()  # (B, T)
+            tgt, stp = targets[b:b + args.batch_size], steps[b:b + args.batch_size]
+            for k in range(len(x)):
+                lab = tgt[k] != -1
+                order = np.argsort(stp[k][lab], kind="stable")
+                records.append({"index": b + k, "r": r, "k": int(stp[k].max()),
+                                "steps": stp[k][lab][order].tolist(),
+                                "correct": (pred[k][lab] == tgt[k][lab])[order].astype(int).tolist()})
+    return records, meta
+
+
+@torch.no_grad()
+def run_loss(args, model):
+    """Cross-entropy of the same seeded batches at every r (the paper's multi-recurrence validation)."""
+    meta, ids, targets, _ = load_bin(args)
+    if meta["vocab_size"] > model.config.vocab_size:
+        raise EvalError(f"data vocab {meta['vocab_size']} > model vocab {model.config.vocab_size}")
+    rng = np.random.default_rng(args.seed)
+    T = meta.get("seq_len") or args.seq_len
+    n_batches = min(args.num_batches, args.limit) if args.limit else args.num_batches
+    if meta.get("seq_len"):  # row data: whole rows, labels from the targets file
+        starts = rng.integers(0, len(ids) // T, size=(n_batches, args.batch_size)) * T
+    else:  # plain text: random windows, target of t is token t+1
+        if len(ids) <= T + 1:
+            raise EvalError(f"{args.data}/{args.split}.bin has {len(ids)} tokens, fewer than --seq_len {T} + 1")
+        starts = rng.integers(0, len(ids) - T - 1, size=(n_batches, args.batch_size))
+    records = []
+    for r in args.r:
+        torch.manual_seed(args.seed)
+        for b, row_starts in enumerate(starts):
+            x = np.stack([ids[s:s + T] for s in row_starts]).astype(np.int64)
+            y = np.stack([targets[s:s + T] if targets is not None else ids[s + 1:s + T + 1]
+                          for s in row_starts]).astype(np.int64)
+            logits = model(torch.from_numpy(x).to(args.device), num_steps=r)[0]
+            ce = F.cross_entropy(logits.flatten(0, 1), torch.from_numpy(y).to(args.device).flatten(),
+                                 ignore_index=-1, reduction="sum").item()
+            records.append({"batch": b, "r": r, "loss_sum": ce, "tokens": int((y != -1).sum()),
+                            "loss": ce / max(int((y != -1).sum()), 1)})
+    return records, meta
+
+
+# -----------------------------------------------------------------------------
+# summary, table and plots
+
+
+def acc_se(flags):
+    n = len(flags)
+    p = sum(flags) / n if n else float("nan")
+    return p, math.sqrt(p * (1 - p) / n) if n else float("nan")
+
+
+def summarize(args, model, records, meta=None):
+    rows = []
+    for r in args.r:
+        recs = [x for x in records if x["r"] == r]
+        row = {"r": r, "flops_per_token": model.inference_flops_per_token(r)}
+        if args.task == "loss":
+            losses = [x["loss"] for x in recs]
+            row.update(n=len(recs), loss=sum(x["loss_sum"] for x in recs) / max(sum(x["tokens"] for x in recs), 1),
+                       loss_se=float(np.std(losses, ddof=1) / math.sqrt(len(losses))) if len(losses) > 1 else None)
+        elif args.task == "depth":
+            flags = [c for x in recs for c in x["correct"]]
+            ks = [k for x in recs for k in x["steps"]]
+            by_k = {}
+            for k in sorted(set(ks)):
+                p, se = acc_se([c for c, kk in zip(flags, ks) if kk == k])
+                by_k[str(k)] = {"accuracy": p, "se": se, "n": ks.count(k)}
+            row.update(n=len(flags), by_k=by_k)
+            for name, sel in (("seen", lambda k: k <= meta["train_max_k"]), ("beyond", lambda k: k > meta["train_max_k"])):
+                p, se = acc_se([c for c, k in zip(flags, ks) if sel(k)])
+                row.update({f"accuracy_{name}_depth": p, f"se_{name}_depth": se})
+        else:
+            p, se = acc_se([x["correct"] for x in recs])
+            row.update(n=len(recs), accuracy=p, se=se, mean_tokens=float(np.mean([x["tokens"] for x in recs])),
+                       loops_per_token=float(np.mean([x["loops_per_token"] for x in recs])),
+                       answered=sum(x["extracted"] is not None for x in recs) / max(len(recs), 1),
+                       seconds_per_problem=recs[0]["seconds_per_problem"] if recs else None)
+            if args.task == "gsm8k":
+                row["strict_accuracy"], row["strict_se"] = acc_se([x["strict_correct"] for x in recs])
+        rows.append(row)
+    return rows
+
+
+def print_table(args, rows, meta=None):
+    print(f"\n{args.task} results ({args.init}):")
+    if args.task == "loss":
+        print(f"{'r':>4} {'GFLOP/tok':>10} {'loss':>8} {'+-se':>7}  n batches")
+        for x in rows:
+            se = f"{x['loss_se']:.4f}" if x["loss_se"] is not None else "-"
+            print(f"{x['r']:>4} {x['flops_per_token'] / 1e9:>10.4f} {x['loss']:>8.4f} {se:>7}  {x['n']}")
+    elif args.task == "depth":
+        ks = sorted(rows[0]["by_k"], key=int)
+        print(f"accuracy +- se by steps k (rows) and r (columns); trained depth k <= {meta['train_max_k']}")
+        print("   k " + "".join(f"{'r=' + str(x['r']):>15}" for x in rows))
+        for k in ks:
+            cells = "".join(f"{x['by_k'][k]['accuracy']:>8.3f}+-{x['by_k'][k]['se']:.3f}" for x in rows)
+            print(f"{k:>4}{'*' if int(k) > meta['train_max_k'] else ' '}{cells}")
+        print("(* beyond the trained depth)")
+    else:
+        strict = args.task == "gsm8k"
+        print(f"{'r':>4} {'GFLOP/tok':>10} {'accuracy':>16} " + (f"{'strict':>16} " if strict else "")
+              + f"{'tokens':>7} {'loops/tok':>9} {'n':>5}")
+        for x in rows:
+            print(f"{x['r']:>4} {x['flops_per_token'] / 1e9:>10.4f} {x['accuracy']:>8.4f} +- {x['se']:.4f} "
+                  + (f"{x['strict_accuracy']:>8.4f} +- {x['strict_se']:.4f} " if strict else "")
+                  + f"{x['mean_tokens']:>7.1f} {x['loops_per_token']:>9.2f} {x['n']:>5}")
+
+
+def plot(args, rows, out_dir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    if args.task == "depth":
+        ks = sorted(rows[0]["by_k"], key=int)
+        grid = np.array([[x["by_k"][k]["accuracy"] for x in rows] for k in ks])
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        im = axes[0].imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        axes[0].set(xticks=range(len(rows)), xticklabels=[x["r"] for x in rows], yticks=range(len(ks)),
+                    yticklabels=ks, xlabel="test recurrence r", ylabel="steps k", title="accuracy by (k, r)")
+        fig.colorbar(im, ax=axes[0])
+        for k in ks:
+            axes[1].errorbar([x["r"] for x in rows], [x["by_k"][k]["accuracy"] for x in rows],
+                             yerr=[x["by_k"][k]["se"] for x in rows], marker="o", label=f"k={k}")
+        axes[1].set(xscale="log", xlabel="test recurrence r", ylabel="accuracy", title="accuracy against r")
+        axes[1].legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        paths.append(out_dir / "depth_accuracy.png")
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+        return paths
+    key, se_key, label = ("loss", "loss_se", "loss") if args.task == "loss" else ("accuracy", "se", "accuracy")
+    for x_key, x_label, name in (("r", "test recurrence r", "vs_r"), ("flops_per_token", "inference FLOPs per token",
+                                                                       "vs_flops")):
+        fig, ax = plt.subplots(figsize=(5.5, 4))
+        ax.errorbar([x[x_key] for x in rows], [x[key] for x in rows], yerr=[x[se_key] or 0 for x in rows],
+                    marker="o", capsize=3, label=Path(args.init).name)
+        ax.set(xscale="log", xlabel=x_label, ylabel=label, title=f"{args.task}: {label} {name.replace('_', ' ')}")
+        ax.legend()
+        fig.tight_layout()
+        paths.append(out_dir / f"{key}_{name}.png")
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+    return paths
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return None
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    print("config:", json.dumps(vars(args)))
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    from model import RecurrentGPT
+    try:
+        model = RecurrentGPT.from_pretrained(args.init, device=args.device).eval()
+    except (FileNotFoundError, ValueError) as e:
+        raise EvalError(str(e)) from None
+    meta, tok = None, None
+    if args.task in ("gsm8k", "math"):
+        from tokenizer import load_tokenizer
+        try:
+            tok = load_tokenizer(args.init)
+        except (FileNotFoundError, ValueError) as e:
+            raise EvalError(f"no tokenizer in {args.init} ({e}): copy one there with tokenizer.save_tokenizer_files")
+        records = run_generation(args, model, tok)
+    elif args.task == "depth":
+        records, meta = run_depth(args, model)
+    else:
+        records, meta = run_loss(args, model)
+    rows = summarize(args, model, records, meta)
+    print_table(args, rows, meta)
+
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "results.jsonl", "w", encoding="utf-8") as f:
+        for rec in records:
+            f.write(json.dumps(rec) + "\n")
+    summary = {"task": args.task, "results": rows, "config": vars(args), "model_config": model.config.__dict__,
+               "train_max_k": (meta or {}).get("train_max_k"), "git_commit": git_commit(),
+               "torch": torch.__version__}
+    with open(out_dir / "summary.json", "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2, default=str)
+    paths = plot(args, rows, out_dir)
+    print(f"wrote {out_dir / 'results.jsonl'}, {out_dir / 'summary.json'}, " + ", ".join(str(p) for p in paths))
+    return summary
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except EvalError as e:
+        print(f"eval_math.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
