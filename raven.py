@@ -35,7 +35,7 @@ import sys
 
 import torch
 
-from model import RecurrentConfig, RecurrentGPT, write_json_atomic
+from model import RecurrentConfig, RecurrentGPT, rope_inv_freq, write_json_atomic
 
 
 class RavenError(ValueError):
@@ -117,11 +117,12 @@ def read_raven_tensors(path):
     sd = {}
     for name in files:
         try:
-            sd.update(load_file(os.path.join(path, name)))
+            shard = load_file(os.path.join(path, name))
         except Exception as err:  # safetensors raises several types for a damaged or missing shard
             raise RavenError(f"cannot read {path}/{name} ({err}): download it again") from None
-    # published weights are bf16; CPU work here is fp32 (a cast up is exact)
-    return {k: v.float() for k, v in sd.items()}
+        # published weights are bf16; CPU work here is fp32 (a cast up is exact), one shard at a time
+        sd.update({k: v.float() for k, v in shard.items()})
+    return sd
 
 
 def raven_variant(cfg, sd):
@@ -190,40 +191,42 @@ def _missing(key):
 
 
 def state_dict_from_raven(sd, config, variant):
-    """Our state dict from raven tensors; every raven tensor must be used (freqs_cis is derived data)."""
-    c, out, used = config, {}, {"freqs_cis"}
+    """Our state dict from raven tensors (consumes `sd`); every raven tensor must find a place."""
+    c, out = config, {}
+    sd.pop("freqs_cis", None)  # Huginn's RoPE table: derived data, recomputed by the model
     H, KV, hd, I = c.n_head, c.n_kv_head, c.head_dim, c.intermediate_size
     perm = interleave_perm(hd) if variant == "huginn" else None
     norms = list(RAVEN_NORMS) if variant == "huginn" else ["norm_1", "norm_2"]
 
-    def take(key):
+    def take(key):  # popped, so a fused tensor is freed once its pieces are copied out
         if key not in sd:
             raise RavenError(f"raven checkpoint lacks {key}: weights do not match config.json")
-        used.add(key)
-        return sd[key]
+        return sd.pop(key)
 
     for raven_part, ours in RAVEN_PARTS.items():
         for i in range(getattr(c, {"prelude": "n_prelude", "core": "n_core", "coda": "n_coda"}[ours])):
             src, dst = f"transformer.{raven_part}.{i}.", f"{ours}.{i}."
             for rn in norms:
                 out[f"{dst}{RAVEN_NORMS[rn]}.weight"] = take(f"{src}{rn}.weight")
+            # clones: each parameter gets its own storage, not a view into the fused tensor
             q, k, v = take(src + "attn.Wqkv.weight").split([H * hd, KV * hd, KV * hd], dim=0)
             if perm is not None:  # interleaved complex pairs -> rotate-half halves (same perm on q and k)
                 q, k = permute_heads(q, H, hd, perm), permute_heads(k, KV, hd, perm)
+            q, k, v = q.clone(), k.clone(), v.clone()
             out[dst + "self_attn.q_proj.weight"], out[dst + "self_attn.k_proj.weight"] = q, k
             out[dst + "self_attn.v_proj.weight"] = v
             if c.attn_bias:
                 # qk_bias is added to q and k after the projection and before RoPE, which is exactly a
                 # q_proj / k_proj bias; v has none, so v_proj.bias is zero (export refuses a nonzero one)
+                if KV != H:
+                    raise RavenError("raven qk_bias with GQA: the reference adds a per-query-head bias to k, which breaks")
                 qb, kb = take(src + "attn.qk_bias")[:, 0]  # each (H, hd)
                 if perm is not None:
                     qb, kb = qb[:, perm], kb[:, perm]
-                if KV != H:
-                    raise RavenError("raven qk_bias with GQA: the reference adds a per-query-head bias to k, which breaks")
-                out[dst + "self_attn.q_proj.bias"], out[dst + "self_attn.k_proj.bias"] = qb.reshape(-1), kb.reshape(-1)
+                out[dst + "self_attn.q_proj.bias"], out[dst + "self_attn.k_proj.bias"] = qb.flatten().clone(), kb.flatten().clone()
                 out[dst + "self_attn.v_proj.bias"] = torch.zeros(KV * hd)
             out[dst + "self_attn.o_proj.weight"] = take(src + "attn.proj.weight")
-            gate, up = take(src + "mlp.fc.weight").split([I, I], dim=0)  # first half gets the SiLU
+            gate, up = (w.clone() for w in take(src + "mlp.fc.weight").split([I, I], dim=0))  # first half: SiLU
             out[dst + "mlp.gate_proj.weight"], out[dst + "mlp.up_proj.weight"] = gate, up
             out[dst + "mlp.down_proj.weight"] = take(src + "mlp.proj.weight")
     for rk, ok in RAVEN_TOP.items():
@@ -231,8 +234,11 @@ def state_dict_from_raven(sd, config, variant):
             continue
         out[ok] = take(rk)
     if c.tie_embeddings:
+        head = sd.pop("lm_head.weight", None)  # save_pretrained drops it; some writers keep a copy
+        if head is not None and not torch.equal(head, out["embed_tokens.weight"]):
+            raise RavenError("config.json says tie_embeddings but lm_head.weight differs from transformer.wte.weight")
         out["lm_head.weight"] = out["embed_tokens.weight"]
-    extra = sorted(set(sd) - used)
+    extra = sorted(sd)  # what is left after popping
     if extra:
         raise RavenError(f"raven checkpoint has tensors this loader does not know: {extra[:4]}")
     return out
@@ -250,13 +256,20 @@ def load_raven(path, device="cpu", **overrides):
     sd = read_raven_tensors(path)
     variant = raven_variant(cfg, sd)
     config = config_from_raven(cfg, variant, **overrides)
-    model = RecurrentGPT(config)
     ours = state_dict_from_raven(sd, config, variant)
+    # built on the meta device and filled by assignment: a random init of Huginn's 3.5B weights would
+    # take minutes and a second copy of the model in memory, and the checkpoint sets every tensor anyway
+    with torch.device("meta"):
+        model = RecurrentGPT(config)
     try:
-        model.load_state_dict(ours, strict=True)
+        model.load_state_dict(ours, strict=True, assign=True)
     except RuntimeError as err:
         first = str(err).strip().splitlines()[1:2] or [str(err)]
         raise RavenError(f"raven weights do not fit the mapped config: {first[0].strip()}") from None
+    if config.tie_embeddings:  # assignment gives each name its own Parameter: tie them again
+        model.lm_head.weight = model.embed_tokens.weight
+    # the non-persistent RoPE buffer is not in any state dict: compute it for real
+    model.register_buffer("inv_freq", rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling), persistent=False)
     return model.to(device)
 
 

@@ -77,10 +77,25 @@ def test_fixture_config_mapping(fixture):
         assert (c.block_type, c.rope_theta, c.embed_scale, c.state_scale) == ("sandwich", 50000.0, 8.0, 8.0)
         assert c.norm_before_coda and c.attn_bias and c.tie_embeddings and c.norm_eps == 1e-6
         assert torch.equal(model.coda[0].self_attn.v_proj.bias, torch.zeros(64))  # qk_bias has no v part
+        assert model.lm_head.weight is model.embed_tokens.weight  # still one tensor when training
     else:  # rope_theta (10000), never the stale rope_base (500000); embed scale from init_values (1.0)
         assert (c.block_type, c.rope_theta, c.embed_scale, c.state_scale) == ("prenorm", 10000.0, 1.0, 1.0)
         assert not c.norm_before_coda and not c.attn_bias and not c.tie_embeddings
         assert (c.n_head, c.n_kv_head, c.norm_eps) == (4, 2, 1e-5)
+
+
+def test_imported_model_trains_and_saves_in_our_format(fixture, tmp_path):
+    # continue training a published model: gradients reach every tensor, save/load is exact
+    name, _, model, io = fixture
+    ids = io["input_ids"]
+    model.zero_grad()
+    model(ids, targets=ids.roll(-1, 1), num_steps=(2, 2))[1].backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    model.zero_grad()
+    model.save_pretrained(str(tmp_path))
+    again = RecurrentGPT.from_pretrained(str(tmp_path)).eval()
+    assert again.config.block_type == model.config.block_type and again.config.state_init == "zero"
+    assert torch.equal(logits_at(again, ids, 4), logits_at(model, ids, 4))
 
 
 @pytest.mark.parametrize("name", NAMES)
