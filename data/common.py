@@ -6,8 +6,9 @@ Format (see notes in each prepare.py):
   DIR/train.bin, DIR/val.bin   flat token ids, dtype meta["dtype"] ("uint16" | "uint32")
   DIR/meta.json                tokenizer fingerprint, vocab_size, dtype, token/document counts,
                                bos_id, eos_id, and meta["targets"] / meta["steps"] flags
-  DIR/{split}_targets.bin      (only when meta["targets"]) int32 label of the prediction made AT
-                               each position, -1 = ignore; the files are then rows of meta["seq_len"]
+  DIR/{split}_targets.bin      (only when meta["targets"]) int32 label of the prediction made
+                               AT each position, -1 = ignore; the files are then whole rows of
+                               meta["seq_len"] tokens
   DIR/{split}_step.bin         (only when meta["steps"], the depth task) uint8: sequential steps
                                the label at that position needs, 0 = unlabeled
 
@@ -15,7 +16,7 @@ Reading, e.g. in train.py:
   from data.common import load_meta, open_split, check_tokenizer
   meta = load_meta("data/sotu")
   check_tokenizer(meta, tok.fingerprint, data_dir="data/sotu")
-  ids, targets, steps = open_split("data/sotu", "train")   # numpy memmaps (targets/steps None for text)
+  ids, targets, steps = open_split("data/sotu", "train")  # memmaps; targets, steps None for text
 """
 
 import json
@@ -212,14 +213,17 @@ def get_tokenizer(spec):
     """A checkpoint dir, a .gguf file, a hub id or a short name (smollm2, ...) -> tokenizer."""
     add_repo_root_to_path()
     from tokenizer import load_tokenizer
-    if Path(spec).exists():  # a local checkpoint dir or .gguf file: no name to resolve
-        return load_tokenizer(spec)
-    from hub import CheckpointError, resolve_checkpoint
+    path = spec
+    if not Path(spec).exists():  # a name: resolve it (local dirs and .gguf files need no hub.py)
+        from hub import CheckpointError, resolve_checkpoint
+        try:
+            path = resolve_checkpoint(spec)
+        except CheckpointError as e:
+            raise DataError(str(e)) from None
     try:
-        path = resolve_checkpoint(spec)
-    except CheckpointError as e:
-        raise DataError(str(e)) from None
-    return load_tokenizer(path)
+        return load_tokenizer(path)
+    except (FileNotFoundError, ValueError) as e:
+        raise DataError(f"--tokenizer {spec}: {e}") from None
 
 
 def separator(tok):

@@ -13,7 +13,7 @@ Documents are separated as the parent model expects and go wholly to train or va
 
 Run (needs the Hugging Face Hub):
   python data/fineweb_edu/prepare.py --tokenizer smollm2 --num_docs 100000   # data/fineweb_edu/
-  python data/fineweb_edu/prepare.py --tokenizer path/to/ckpt --num_files 2 --num_docs 0 --out_dir /tmp/fw
+  python data/fineweb_edu/prepare.py --tokenizer ckpt/ --num_files 2 --num_docs 0 --out_dir /tmp/fw
 """
 
 import argparse
