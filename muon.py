@@ -1,0 +1,113 @@
+"""
+Muon: momentum, then an approximate orthogonalization of each 2-D update by Newton-Schulz.
+
+The retrofit recipe (McLeish et al. 2025, arXiv 2511.07384) trains every 2-D matrix of the blocks
+and the adapter with Muon (lr 1e-3, momentum 0.95 Nesterov, 5 Newton-Schulz steps, wd 1e-4) and
+the rest with AdamW; AdamW alone spiked to NaN on the recurrent model. The update rule is Keller
+Jordan's (kellerjordan.github.io/posts/muon) and matches torch.optim.Muon step for step:
+
+    B   = mu B + (1 - mu) G                      # momentum buffer (as a lerp, like torch)
+    U   = (1 - mu) G + mu B  if nesterov else B
+    O   = NS_5(U / ||U||_F)                      # quintic Newton-Schulz, coefficients (a, b, c)
+    W  -= lr wd W ;  W -= lr * adjust(shape) O   # decoupled weight decay, then the update
+
+What differs is speed. torch.optim.Muon orthogonalizes one matrix at a time in bfloat16, which on
+a CPU without bf16 matrix units is slower than fp32. Here matrices of the same (oriented) shape are
+stacked and orthogonalized together with torch.bmm / torch.baddbmm, in fp32 on CPU and bf16 on CUDA.
+
+    python -m pytest -q tests/test_muon.py          # checks it against torch.optim.Muon
+    python bench/bench_train.py --only muon         # step time vs torch.optim.Muon
+"""
+
+import math
+from collections import defaultdict
+
+import torch
+
+# Keller Jordan's quintic coefficients (the same defaults as torch.optim.Muon)
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def zeropower_via_newtonschulz(G, ns_coefficients=NS_COEFFICIENTS, ns_steps=5, eps=1e-7, dtype=None):
+    """Approximately orthogonalize a stack of matrices G (n, rows, cols) with rows <= cols, all at once.
+    Returns U S' V^T with S' ~ Uniform(0.5, 1.5) rather than U V^T (enough for Muon, and 5 steps)."""
+    a, b, c = ns_coefficients
+    X = G.to(dtype or G.dtype)
+    # Frobenius norm >= spectral norm, so every singular value starts in [0, 1]
+    X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    for _ in range(ns_steps):
+        A = torch.bmm(X, X.mT)  # (n, rows, rows), the small side
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c)  # b A + c A^2
+        X = torch.baddbmm(X, B, X, beta=a)  # a X + B X
+    return X
+
+
+def adjusted_lr(lr, adjust_lr_fn, shape):
+    """The per-matrix lr scale of torch.optim.Muon: 'original' (Keller) keeps the update's RMS
+    independent of the aspect ratio; 'match_rms_adamw' (Moonshot) matches AdamW's update RMS."""
+    A, B = shape[:2]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return lr * math.sqrt(max(1, A / B))
+    if adjust_lr_fn == "match_rms_adamw":
+        return lr * 0.2 * math.sqrt(max(A, B))
+    raise ValueError(f"adjust_lr_fn must be None, 'original' or 'match_rms_adamw', not {adjust_lr_fn!r}")
+
+
+class Muon(torch.optim.Optimizer):
+    """Same arguments and defaults as torch.optim.Muon, plus ns_dtype (None: bf16 on CUDA, fp32 otherwise)."""
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
+                 ns_coefficients=NS_COEFFICIENTS, eps=1e-7, ns_steps=5, adjust_lr_fn=None, ns_dtype=None):
+        if lr < 0 or momentum < 0 or weight_decay < 0:
+            raise ValueError(f"lr, momentum and weight_decay must be >= 0, got {lr}, {momentum}, {weight_decay}")
+        adjusted_lr(1.0, adjust_lr_fn, (1, 1))  # validates the name early
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                        ns_coefficients=tuple(ns_coefficients), eps=eps, ns_steps=ns_steps,
+                        adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype)
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim != 2:
+                    raise ValueError(f"Muon only takes 2-D parameters, got one of shape {tuple(p.shape)}")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad for p in params]
+            bufs = []
+            for p in params:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                bufs.append(state["momentum_buffer"])
+            mu = group["momentum"]
+            # momentum for all matrices in two fused calls (same arithmetic as torch's lerp)
+            torch._foreach_lerp_(bufs, grads, 1 - mu)
+            updates = [g.lerp(b, mu) for g, b in zip(grads, bufs)] if group["nesterov"] else bufs
+
+            # stack same-shape matrices, wide side last (rows <= cols keeps the Gram matrix small)
+            batches = defaultdict(list)
+            for i, (p, u) in enumerate(zip(params, updates)):
+                tall = u.shape[0] > u.shape[1]
+                batches[(tuple(u.shape), tall, u.dtype, u.device)].append(i)
+            ortho = [None] * len(params)
+            for (shape, tall, _, device), idx in batches.items():
+                G = torch.stack([updates[i].mT if tall else updates[i] for i in idx])  # (n, rows, cols)
+                dtype = group["ns_dtype"] or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+                O = zeropower_via_newtonschulz(G, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
+                for j, i in enumerate(idx):
+                    ortho[i] = O[j].mT if tall else O[j]
+
+            lr, wd = group["lr"], group["weight_decay"]
+            if wd != 0:
+                torch._foreach_mul_(params, 1 - lr * wd)
+            for p, o in zip(params, ortho):
+                p.add_(o.to(p.dtype), alpha=-adjusted_lr(lr, group["adjust_lr_fn"], p.shape))
+        return loss

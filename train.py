@@ -1,0 +1,554 @@
+"""
+Train a recurrent-depth model: heal a retrofitted parent, or train a small one from scratch.
+
+The recipe of McLeish et al. 2025 (arXiv 2511.07384, "retrofitted recurrence"): each optimizer step
+draws a loop count r from a Poisson-lognormal around a mean rbar (r = Poisson(exp(tau)) + 1,
+tau ~ N(log rbar - sigma^2/2, sigma)), seeded by the step so every rank agrees; rbar can follow a
+curriculum (linear or 1-sqrt) up to its final value; only the last k loops keep activations for
+backprop (truncated backprop through depth, k = 8). Muon trains every 2-D block matrix and the
+adapter, AdamW the embeddings, head, norms and biases, under a warmup-stable-decay schedule.
+--step_supervision adds the per-loop readout loss of arXiv 2608.11233: after loop i the coda reads
+out and is trained on the labels that need <= i steps (data with DIR/{split}_step.bin).
+
+    python train.py                                       # offline default: SmolLM2 (6,8,6) on data/sotu
+    python data/depth/prepare.py --out_dir data/depth && python train.py --config config/cpu_depth.json
+    python train.py --init=llama --shape 4,6,4 --data data/fineweb_edu --out_dir out/phase1
+    python train.py --config config/llama_4_6_4.json      # phase 1; phase 2: see that file's "phase2"
+    torchrun --standalone --nproc_per_node=8 train.py --config config/llama_4_6_4.json
+    python train.py --resume --out_dir out/train          # continue a run exactly where it stopped
+
+Outputs in --out_dir: model.safetensors + config.json (run config under "train"), tokenizer files,
+train_state.pt (optimizers, step, RNG), log.jsonl (one line per optimizer step and per eval).
+"""
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from model import IGNORE_INDEX, RecurrentConfig, RecurrentGPT
+from muon import Muon
+
+# -----------------------------------------------------------------------------
+# defaults: the offline CPU run. Every key can be set by --config FILE (JSON) or --key=value / --key value.
+DEFAULTS = dict(
+    config="",  # JSON file of defaults; command-line flags override it
+    # model
+    init="smollm2",  # parent (short name, hub id, dir, .gguf), a checkpoint dir to continue from, or "scratch"
+    shape="6,8,6",  # prelude, core, coda layers (a mild cut of SmolLM2's 30: reference.md section 5)
+    layers="",  # explicit parent layer map, e.g. 0-3,6-11,12-15 (overrides --shape)
+    static=False,  # train the non-recurrent baseline (the whole parent, no loop) on the same data
+    adapter_init="identity",  # [0 | I]: r=1 equals the layer-dropped parent
+    state_init="",  # normal | zero | embed; "" keeps the model's own
+    untie=False,  # untie the head from the embedding (the published retrofits do)
+    n_embd=64, n_head=4, n_kv_head=0, intermediate_size=0,  # --init=scratch only (0: n_head, 4 n_embd)
+    # data
+    data="data/sotu", out_dir="out/train",
+    batch_size=4, block_size=256,  # micro-batch rows and tokens per row (row data uses its seq_len)
+    total_batch_tokens=0,  # tokens per optimizer step over all ranks (gradient accumulation); 0 = one micro-batch
+    # optimization
+    max_iters=100, optimizer="muon",  # muon (paper) | adamw (baseline: AdamW at --adam_lr on everything)
+    learning_rate=1e-3, adam_lr=5e-5, weight_decay=1e-4, beta1=0.9, beta2=0.95,
+    muon_momentum=0.95, muon_adjust_lr="original",  # torch.optim.Muon's adjust_lr_fn
+    warmup_iters=10, decay_frac=0.2, min_lr_frac=0.0,  # warmup-stable-decay
+    grad_clip=1.0, freeze="none",  # none | base (only the adapter, and norms with --train_norms, train)
+    train_norms=False,
+    # recurrence
+    mean_recurrence=4, recurrence_sigma=0.5, backprop_depth=8,
+    curriculum="constant", curriculum_frac=0.25,  # constant | linear | 1-sqrt over that fraction of max_iters
+    step_supervision=False, step_supervision_anneal=0.0,  # last fraction of steps fading to outcome-only loss
+    # evaluation, logging, system
+    eval_interval=50, eval_iters=10, eval_r="1,4,8,32", log_interval=1,
+    device="auto", compile=False, seed=1337, resume=False, max_bad_steps=5,
+    peak_flops=0.0,  # FLOP/s of one device, for MFU (e.g. 989e12 for an H100 in bf16); 0 = no MFU
+)
+
+
+class TrainError(Exception):
+    """An expected failure (bad flag, missing data, mismatched tokenizer): printed as one line."""
+
+
+def str2bool(v):
+    if isinstance(v, bool):
+        return v
+    if v.lower() in ("1", "true", "yes", "on"):
+        return True
+    if v.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean, got {v!r}")
+
+
+def parse_args(argv=None):
+    """DEFAULTS <- --config FILE <- command line. Unknown keys anywhere are an error."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    for key, value in DEFAULTS.items():
+        if isinstance(value, bool):  # --static, --static=true, --static false
+            parser.add_argument(f"--{key}", type=str2bool, nargs="?", const=True, default=value)
+        else:
+            parser.add_argument(f"--{key}", type=type(value), default=value)
+    first, _ = parser.parse_known_args(argv)
+    if first.config:
+        with open(first.config) as f:
+            cfg = json.load(f)
+        cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}  # "_comment", "_phase2": documentation
+        unknown = sorted(set(cfg) - set(DEFAULTS))
+        if unknown:
+            parser.error(f"{first.config}: unknown keys {unknown}")
+        parser.set_defaults(**cfg)
+    return parser.parse_args(argv)
+
+
+# -----------------------------------------------------------------------------
+# named helpers: recurrence sampling, curriculum, lr schedule, batches, evaluation
+
+
+def sample_num_steps(step, mean_r, sigma=0.5, seed=0):
+    """r = Poisson(exp(tau)) + 1, tau ~ N(log(mean_r) - sigma^2/2, sigma): E[exp(tau)] = mean_r, so
+    E[r] = mean_r + 1. Drawn from a generator seeded by the step alone, so all ranks (and a resumed
+    run) draw the same r."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    tau = torch.normal(math.log(mean_r) - sigma**2 / 2, sigma, (1,), generator=g)
+    return int(torch.poisson(torch.exp(tau), generator=g).item()) + 1
+
+
+def mean_recurrence_at(step, max_iters, mean_r, curriculum="constant", frac=0.25):
+    """Curriculum of the mean: over the first W = frac * max_iters steps rbar(t) = ceil(mean_r f(t/W)),
+    at least 1, with f(u) = u (linear) or 1 - sqrt(1 - u) (1-sqrt); mean_r afterwards."""
+    W = frac * max_iters
+    if curriculum == "constant" or step >= W:
+        return mean_r
+    u = step / W
+    f = u if curriculum == "linear" else 1 - math.sqrt(1 - u)
+    return max(1, math.ceil(mean_r * f))
+
+
+def get_lr(step, max_iters, warmup_iters, decay_frac, min_lr_frac=0.0):
+    """Warmup-stable-decay, as a multiple of the peak lr: linear warmup, flat, then linear decay to
+    min_lr_frac over the last decay_frac of the run."""
+    if step < warmup_iters:
+        return (step + 1) / warmup_iters
+    decay_start = max_iters * (1 - decay_frac)
+    if decay_frac <= 0 or step < decay_start:
+        return 1.0
+    return 1.0 - (1.0 - min_lr_frac) * (step - decay_start) / (max_iters - decay_start)
+
+
+def open_data(data_dir, split, block_size):
+    from data.common import load_meta, open_split
+
+    meta = load_meta(data_dir)
+    ids, targets, steps = open_split(data_dir, split, meta)
+    seq_len = meta.get("seq_len")
+    if seq_len:  # rows of seq_len tokens with their own labels: batches take whole rows
+        n = len(ids) // seq_len
+        return dict(meta=meta, ids=ids.reshape(n, seq_len), targets=targets.reshape(n, seq_len),
+                    steps=None if steps is None else steps.reshape(n, seq_len), T=seq_len, n=n)
+    n = len(ids) - block_size - 1  # plain text: any window; the target of t is token t+1
+    if n < 1:
+        raise TrainError(f"{data_dir}/{split}.bin has {len(ids)} tokens, fewer than --block_size {block_size} + 2")
+    return dict(meta=meta, ids=ids, targets=None, steps=None, T=block_size, n=n)
+
+
+def batch_rows(step, global_rows, n, seed, split="train"):
+    """The global batch of an optimizer step: row (or window) indices from a generator seeded by
+    (seed, split, step), so the data position is a function of the step (exact resume, same batch
+    at any world size)."""
+    g = torch.Generator().manual_seed(seed * 7_919 + step * 2 + (split == "val") + 10**9)
+    return torch.randint(n, (global_rows,), generator=g)
+
+
+def get_batch(data, rows, device):
+    """x, y (B, T) int64 and steps (B, T) or None, for the given rows of the global batch."""
+    rows = rows.numpy()
+    if data["targets"] is not None:
+        x = torch.from_numpy(data["ids"][rows].astype(np.int64))
+        y = torch.from_numpy(data["targets"][rows].astype(np.int64))
+        s = None if data["steps"] is None else torch.from_numpy(data["steps"][rows].astype(np.int64))
+    else:
+        T, ids = data["T"], data["ids"]
+        xy = torch.from_numpy(np.stack([ids[i:i + T + 1] for i in rows]).astype(np.int64))
+        x, y, s = xy[:, :-1], xy[:, 1:], None
+    to = lambda t: None if t is None else t.to(device, non_blocking=True)
+    return to(x.contiguous()), to(y.contiguous()), to(s)
+
+
+class LoopLoss(torch.nn.Module):
+    """The training forward as one module, so DistributedDataParallel sees every parameter use.
+    Plain: the model's loss after r = n + k loops (n without grad). With step supervision
+    (arXiv 2608.11233): the coda also reads out after every grad loop i, trained on the labels of
+    positions whose step <= i; the final loop is trained on all labels (the outcome loss), and the
+    per-loop losses carry weight w (annealed to 0 for outcome-only training)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, y, num_steps, steps=None, w=0.0):
+        m = self.model
+        if steps is None or w == 0:
+            return m(x, y, num_steps=num_steps)[1]
+        n, k = m.split_steps(num_steps)
+        rope = m.rope(torch.arange(x.shape[1], device=x.device))
+        e = m.embed(x, rope)
+        s = m.init_state(e)
+        with torch.no_grad():
+            for i in range(n):
+                s = m.core_step(s, e, rope, i)
+        per_loop = []
+        for i in range(n, n + k - 1):
+            s = m.core_step(s, e, rope, i)
+            yi = y.masked_fill(steps > i + 1, IGNORE_INDEX)  # labels reachable in i + 1 loops
+            logits = m.readout(s, rope)
+            ce = F.cross_entropy(logits.flatten(0, 1), yi.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+            per_loop.append(ce / (yi != IGNORE_INDEX).sum().clamp(min=1))  # 0, not NaN, when none is reachable
+        s = m.core_step(s, e, rope, n + k - 1)
+        final = F.cross_entropy(m.readout(s, rope).flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX)
+        return (final + w * sum(per_loop)) / (1 + w * len(per_loop))
+
+
+@torch.no_grad()
+def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, autocast):
+    """Validation loss (and, for labeled data, accuracy overall and per step count k) at each r, on
+    the same fixed batches every time; the global RNG is forked so evaluating never changes training."""
+    model.eval()
+    out = {}
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for r in r_values:
+            torch.manual_seed(seed)  # the s_0 draws of the evaluation
+            losses, correct, total = [], {}, {}
+            for it in range(eval_iters):
+                x, y, steps = get_batch(data, batch_rows(it, batch_size, data["n"], seed, "val"), device)
+                with autocast:
+                    logits, loss = model(x, y, num_steps=r)
+                losses.append(loss.item())
+                if data["targets"] is not None:  # per-position labels: accuracy, by depth when known
+                    hit = (logits.argmax(-1) == y) & (y != IGNORE_INDEX)
+                    group = steps if steps is not None else (y != IGNORE_INDEX).long()
+                    for kk in group[y != IGNORE_INDEX].unique().tolist():
+                        sel = (group == kk) & (y != IGNORE_INDEX)
+                        correct[kk] = correct.get(kk, 0) + hit[sel].sum().item()
+                        total[kk] = total.get(kk, 0) + sel.sum().item()
+            res = {"loss": sum(losses) / len(losses)}
+            if total:
+                res["acc"] = sum(correct.values()) / sum(total.values())
+                if steps is not None:
+                    res["acc_by_k"] = {str(kk): correct[kk] / total[kk] for kk in sorted(total)}
+            out[str(r)] = res
+    model.train()
+    return out
+
+
+# -----------------------------------------------------------------------------
+# model, optimizers, checkpoints
+
+
+def build_model(args, meta):
+    """(model, tokenizer source or None, tokenizer fingerprint or None) from --init / --resume."""
+    init = args.out_dir if args.resume else args.init
+    shape = tuple(int(v) for v in args.shape.split(","))
+    if len(shape) != 3 or min(shape) < 1:
+        raise TrainError(f"--shape must be three positive integers P,R,C, got {args.shape!r}")
+    over = {"state_init": args.state_init} if args.state_init else {}
+    if init == "scratch":
+        P, R, C = shape
+        if args.n_embd % args.n_head:
+            raise TrainError(f"--n_embd {args.n_embd} is not a multiple of --n_head {args.n_head}")
+        config = RecurrentConfig(
+            vocab_size=meta["vocab_size"], n_embd=args.n_embd, n_head=args.n_head,
+            n_kv_head=args.n_kv_head or args.n_head, head_dim=args.n_embd // args.n_head,
+            intermediate_size=args.intermediate_size or 4 * args.n_embd, block_size=args.block_size,
+            n_prelude=P, n_core=R, n_coda=C, recurrent=not args.static, adapter_init=args.adapter_init,
+            tie_embeddings=not args.untie, mean_recurrence=args.mean_recurrence,
+            bos_id=meta.get("bos_id"), eos_id=meta.get("eos_id"), **over)
+        return RecurrentGPT(config), None, None
+    if os.path.isfile(os.path.join(init, "config.json")) and os.path.isfile(os.path.join(init, "model.safetensors")):
+        model = RecurrentGPT.from_pretrained(init, **over)  # continue from our checkpoint (phase 2, --resume)
+        with open(os.path.join(init, "config.json")) as f:
+            fp = json.load(f).get("train", {}).get("data_fingerprint")
+        has_tok = any(os.path.exists(os.path.join(init, n)) for n in ("tokenizer.json", "tokenizer.model", "original"))
+        return model, (init if has_tok else None), fp
+    if args.resume:
+        raise TrainError(f"--resume: {args.out_dir} has no checkpoint (model.safetensors + config.json)")
+    import hub
+    import surgery
+
+    try:
+        model, src = surgery.retrofit(init, shape=shape, layers=args.layers or None, static=args.static,
+                                      untie=args.untie, adapter_init=args.adapter_init,
+                                      mean_recurrence=args.mean_recurrence, **over)
+    except (surgery.SurgeryError, hub.CheckpointError) as err:
+        raise TrainError(str(err)) from None
+    return model, src, None
+
+
+def make_optimizers(model, args):
+    """Muon on every 2-D matrix of the blocks and the adapter; AdamW on embeddings, head, norms and
+    biases. named_parameters() lists a tied head once. Returns a list of optimizers."""
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    is_matrix = lambda n, p: p.ndim == 2 and n.startswith(("prelude.", "core.", "coda.", "adapter."))
+    if args.optimizer == "adamw":
+        groups = {"muon": [], "adamw": params}
+    elif args.optimizer == "muon":
+        groups = {"muon": [(n, p) for n, p in params if is_matrix(n, p)],
+                  "adamw": [(n, p) for n, p in params if not is_matrix(n, p)]}
+    else:
+        raise TrainError(f"--optimizer must be muon or adamw, not {args.optimizer!r}")
+    seen = [id(p) for _, ps in groups.items() for _, p in ps]
+    assert sorted(seen) == sorted(id(p) for _, p in params) and len(set(seen)) == len(seen), \
+        "optimizer split must cover every trainable parameter exactly once"
+    opts = []
+    if groups["muon"]:
+        opts.append(Muon([p for _, p in groups["muon"]], lr=args.learning_rate, weight_decay=args.weight_decay,
+                         momentum=args.muon_momentum, adjust_lr_fn=args.muon_adjust_lr))
+    if groups["adamw"]:
+        opts.append(torch.optim.AdamW([p for _, p in groups["adamw"]], lr=args.adam_lr, betas=(args.beta1, args.beta2),
+                                      weight_decay=args.weight_decay))
+    for opt in opts:
+        for g in opt.param_groups:
+            g["peak_lr"] = g["lr"]
+    return opts, {k: [n for n, _ in v] for k, v in groups.items()}
+
+
+def save_checkpoint(model, opts, step, args, fingerprint, out_dir):
+    """Every file is written to out_dir/.staging first, then renamed into place with train_state.pt
+    last: a crash while writing leaves the previous checkpoint whole (and resume checks the steps match)."""
+    staging = os.path.join(out_dir, ".staging")
+    os.makedirs(staging, exist_ok=True)
+    train_cfg = {**vars(args), "step": step, "data_fingerprint": fingerprint}
+    model.save_pretrained(staging, extra_config={"train": train_cfg})
+    state = {"step": step, "optimizers": [o.state_dict() for o in opts], "rng": torch.get_rng_state(),
+             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+             "data": {"seed": args.seed, "next_step": step}, "args": vars(args)}
+    torch.save(state, os.path.join(staging, "train_state.pt"))
+    for name in ("model.safetensors", "config.json", "train_state.pt"):
+        os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+
+
+def load_train_state(out_dir, opts):
+    path = os.path.join(out_dir, "train_state.pt")
+    if not os.path.isfile(path):
+        raise TrainError(f"--resume: {path} not found")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    with open(os.path.join(out_dir, "config.json")) as f:
+        model_step = json.load(f).get("train", {}).get("step")
+    if model_step != state["step"]:
+        raise TrainError(f"--resume: {out_dir} holds weights of step {model_step} but a train state of step "
+                         f"{state['step']} (a crash between renames); restore one of them")
+    if len(state["optimizers"]) != len(opts):
+        raise TrainError("--resume: the checkpoint was trained with another --optimizer")
+    for o, sd in zip(opts, state["optimizers"]):
+        o.load_state_dict(sd)
+    torch.set_rng_state(state["rng"])
+    return state["step"]
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+    except OSError:
+        return None
+
+
+# -----------------------------------------------------------------------------
+
+
+def train(args):
+    ddp = int(os.environ.get("RANK", -1)) != -1  # launched by torchrun
+    if ddp:
+        import torch.distributed as dist
+
+        local_rank = int(os.environ["LOCAL_RANK"])
+        use_cuda = torch.cuda.is_available() and args.device in ("auto", "cuda")
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+        if use_cuda:
+            torch.cuda.set_device(device)
+    else:
+        rank, world = 0, 1
+        device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    master = rank == 0
+    # one place decides precision: bf16 autocast with fp32 master weights on CUDA, plain fp32 on CPU
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
+    # data first: its vocabulary sizes a scratch model, and its fingerprint must match the model's tokenizer
+    try:
+        train_data = open_data(args.data, "train", args.block_size)
+        val_data = open_data(args.data, "val", args.block_size)
+    except FileNotFoundError as err:
+        hint = ""
+        if os.path.normpath(args.data) == os.path.join("data", "sotu"):
+            hint = " -- prepare it with: python data/sotu/prepare.py --tokenizer smollm2 --out_dir data/sotu"
+        raise TrainError(f"{err}{hint}") from None
+    meta = train_data["meta"]
+    if args.step_supervision and train_data["steps"] is None:
+        raise TrainError(f"--step_supervision needs per-step labels ({args.data}/train_step.bin), e.g. data/depth")
+
+    torch.manual_seed(args.seed)
+    model, tok_src, ckpt_fp = build_model(args, meta)
+    if tok_src is not None:
+        from data.common import check_tokenizer
+        from tokenizer import load_tokenizer
+
+        try:
+            check_tokenizer(meta, load_tokenizer(tok_src).fingerprint, data_dir=args.data, model_tokenizer=tok_src)
+        except ValueError as err:
+            raise TrainError(str(err)) from None
+    elif ckpt_fp is not None and ckpt_fp != meta["fingerprint"]:
+        raise TrainError(f"data {args.data} (fingerprint {meta['fingerprint']}) is not the vocabulary this "
+                         f"checkpoint was trained on (fingerprint {ckpt_fp}): prepare the data with its tokenizer")
+    if meta["vocab_size"] > model.config.vocab_size:
+        raise TrainError(f"data vocab_size {meta['vocab_size']} > model vocab_size {model.config.vocab_size}")
+    model.to(device)
+
+    if args.freeze == "base":  # the adapter-only budget: the parent's weights stay as they are
+        if not model.config.recurrent:
+            raise TrainError("--freeze=base trains only the adapter, which a --static model does not have")
+        for n, p in model.named_parameters():
+            p.requires_grad = n.startswith("adapter.") or (args.train_norms and p.ndim == 1 and "norm" in n)
+    elif args.freeze != "none":
+        raise TrainError(f"--freeze must be none or base, not {args.freeze!r}")
+    opts, split = make_optimizers(model, args)
+    step = load_train_state(args.out_dir, opts) if args.resume else 0
+
+    if args.compile:  # the blocks only: the loop over r has a data-dependent length
+        for block in (*model.prelude, *model.core, *model.coda):
+            block.compile()
+    wrapped = LoopLoss(model)
+    if ddp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
+
+    T = train_data["T"]
+    micro_tokens = args.batch_size * T
+    total = args.total_batch_tokens or micro_tokens * world
+    if total % (micro_tokens * world):
+        raise TrainError(f"--total_batch_tokens {total} is not a multiple of batch_size*T*world = {micro_tokens * world}")
+    grad_accum = total // (micro_tokens * world)
+    eval_r = [int(v) for v in args.eval_r.split(",")] if model.config.recurrent else [1]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    run_info = {"git": git_commit(), "torch": torch.__version__, "world_size": world, "grad_accum": grad_accum,
+                "tokens_per_step": total, "device": str(device), "params": model.param_counts(),
+                "optimizer_split": {k: len(v) for k, v in split.items()}}
+    if master:
+        print("config:", json.dumps(vars(args)))
+        print("run:", json.dumps(run_info))
+        os.makedirs(args.out_dir, exist_ok=True)
+        if tok_src is not None and os.path.abspath(tok_src) != os.path.abspath(args.out_dir):
+            from tokenizer import save_tokenizer_files
+
+            save_tokenizer_files(tok_src, args.out_dir)  # so the checkpoint dir works as --init for every script
+        log = open(os.path.join(args.out_dir, "log.jsonl"), "a")
+        log.write(json.dumps({"step": step, "config": vars(args), "run": run_info}) + "\n")
+    from tqdm import tqdm
+
+    bar = tqdm(total=args.max_iters, initial=step, disable=not master, dynamic_ncols=True)
+    start_step, tokens_seen, flops_seen, bad_in_row = step, step * total, 0.0, 0
+    while True:
+        if step % args.eval_interval == 0 or step == args.max_iters:
+            if master:
+                val = estimate_loss(model, val_data, eval_r, args.eval_iters, args.batch_size, device, args.seed, autocast)
+                log.write(json.dumps({"step": step, "val": val}) + "\n")
+                log.flush()
+                bar.write(f"step {step}: " + ", ".join(
+                    f"r={r} val {v['loss']:.4f}" + (f" acc {v['acc']:.3f}" if "acc" in v else "") for r, v in val.items()))
+                if step > start_step:  # not at the step just loaded
+                    save_checkpoint(model, opts, step, args, meta["fingerprint"], args.out_dir)
+        if step >= args.max_iters:
+            break
+
+        # one optimizer step: lr schedule, the step's r (same on every rank), grad accumulation
+        t0 = time.time()
+        lr_mult = get_lr(step, args.max_iters, args.warmup_iters, args.decay_frac, args.min_lr_frac)
+        for o in opts:
+            for g in o.param_groups:
+                g["lr"] = g["peak_lr"] * lr_mult
+        mean_r = mean_recurrence_at(step, args.max_iters, args.mean_recurrence, args.curriculum, args.curriculum_frac)
+        r = sample_num_steps(step, mean_r, args.recurrence_sigma, args.seed) if model.config.recurrent else 1
+        num_steps = (max(r - args.backprop_depth, 0), min(r, args.backprop_depth))
+        w = 0.0
+        if args.step_supervision:  # full weight, then linear fade over the last anneal fraction
+            fade_start = args.max_iters * (1 - args.step_supervision_anneal)
+            w = 1.0 if step < fade_start else max(0.0, 1 - (step - fade_start) / (args.max_iters - fade_start))
+        torch.manual_seed(args.seed * 1_000_003 + step * 8191 + rank)  # s_0 draws: a function of (step, rank)
+        rows = batch_rows(step, args.batch_size * world * grad_accum, train_data["n"], args.seed)
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(grad_accum):
+            lo = (micro * world + rank) * args.batch_size
+            x, y, steps = get_batch(train_data, rows[lo:lo + args.batch_size], device)
+            sync = not ddp or micro == grad_accum - 1
+            with (contextlib.nullcontext() if sync else wrapped.no_sync()), autocast:
+                loss = wrapped(x, y, num_steps, steps, w) / grad_accum
+            loss.backward()
+            loss_sum += loss.detach()
+        if ddp:
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, args.grad_clip if args.grad_clip > 0 else float("inf"))
+        bad = not (math.isfinite(loss_sum.item()) and math.isfinite(grad_norm.item()))
+        if bad:  # skip: no update; grads are identical on every rank after the all-reduce, so all ranks agree
+            bad_in_row += 1
+        else:
+            bad_in_row = 0
+            for o in opts:
+                o.step()
+        for o in opts:
+            o.zero_grad(set_to_none=True)
+        step += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.time() - t0
+        step_flops = model.flops_per_token(r, args.backprop_depth) * total
+        tokens_seen += total
+        flops_seen += step_flops
+        rec = {"step": step, "loss": loss_sum.item(), "r": r, "mean_r": mean_r, "tokens": tokens_seen,
+               "flops": flops_seen, "tokens_per_sec": total / dt, "lr_mult": lr_mult, "grad_norm": grad_norm.item(),
+               "dt": dt}
+        if args.step_supervision:
+            rec["step_weight"] = w
+        if args.peak_flops > 0:
+            rec["mfu"] = step_flops / dt / (args.peak_flops * world)
+        if bad:
+            rec["skipped"] = True
+        if master:
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+            bar.update(1)
+            bar.set_postfix(loss=f"{rec['loss']:.4f}", r=r, tok_s=f"{rec['tokens_per_sec']:.0f}")
+            if bad:
+                bar.write(f"step {step}: loss {rec['loss']} grad norm {rec['grad_norm']}: not finite, step skipped "
+                          f"({bad_in_row} in a row)")
+            elif step % args.log_interval == 0:
+                mfu = f", mfu {rec['mfu'] * 100:.1f}%" if "mfu" in rec else ""
+                bar.write(f"step {step}: loss {rec['loss']:.4f}, r {r} (mean {mean_r}), {rec['tokens_per_sec']:.0f} tok/s"
+                          f", {dt * 1000:.0f} ms{mfu}")
+        if bad_in_row >= args.max_bad_steps:
+            raise TrainError(f"{bad_in_row} steps in a row had a NaN/inf loss or gradient (step {step}): stopping; "
+                             f"the last good checkpoint in {args.out_dir} is untouched (lower the lr?)")
+    bar.close()
+    if master:
+        log.close()
+    if ddp:
+        dist.destroy_process_group()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        train(args)
+    except TrainError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
