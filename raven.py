@@ -135,7 +135,7 @@ def raven_variant(cfg, sd):
     return "huginn" if sandwich else "retrofit"
 
 
-def config_from_raven(cfg, variant, **overrides):
+def config_from_raven(cfg, variant, source=None, **overrides):
     """RecurrentConfig for a raven config.json (the table above)."""
     need = lambda key: cfg[key] if key in cfg else _missing(key)
     h, nh = need("n_embd"), need("n_heads")
@@ -175,7 +175,7 @@ def config_from_raven(cfg, variant, **overrides):
                               norm_before_coda=False,
                               block_size=cfg.get("max_position_embeddings", cfg.get("block_size", 2048)))
     fields = {**common, **variant_fields, "embed_scale": scale, "state_scale": scale,
-              "parent": {"format": "raven", "variant": variant}}
+              "parent": {"format": "raven", "variant": variant, "source": source}}
     names = set(RecurrentConfig.__dataclass_fields__)
     unknown = sorted(set(overrides) - names)
     if unknown:
@@ -255,7 +255,7 @@ def load_raven(path, device="cpu", **overrides):
         raise RavenError(f"{path}/config.json has model_type {cfg.get('model_type')!r}, not 'huginn_raven'")
     sd = read_raven_tensors(path)
     variant = raven_variant(cfg, sd)
-    config = config_from_raven(cfg, variant, **overrides)
+    config = config_from_raven(cfg, variant, source=os.path.abspath(path), **overrides)
     ours = state_dict_from_raven(sd, config, variant)
     # built on the meta device and filled by assignment: a random init of Huginn's 3.5B weights would
     # take minutes and a second copy of the model in memory, and the checkpoint sets every tensor anyway

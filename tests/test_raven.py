@@ -176,6 +176,32 @@ def test_fixture_import_export_import(name, tmp_path):
         assert (logits_at(model, io["input_ids"], r) - io[f"logits_r{r}"]).abs().max() <= TOL
 
 
+def test_sharded_bf16_checkpoint_like_the_published_huginn(tmp_path):
+    # Huginn-0125 on the hub is bf16 and split over several files named by model.safetensors.index.json
+    src = FIXTURES / "huginn_tiny"
+    sd = {k: v.bfloat16() for k, v in load_file(str(src / "model.safetensors")).items()}
+    keys = sorted(sd)
+    shards = {"model-00001-of-00002.safetensors": keys[::2], "model-00002-of-00002.safetensors": keys[1::2]}
+    for fname, ks in shards.items():
+        save_file({k: sd[k] for k in ks}, str(tmp_path / fname), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: f for f, ks in shards.items() for k in ks}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    shutil.copy(src / "config.json", tmp_path / "config.json")
+    model = load_raven(str(tmp_path), state_init="zero").eval()
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert torch.equal(model.embed_tokens.weight, sd["transformer.wte.weight"].float())
+    # the same rounded weights as one fp32 file must give the same model, bit for bit
+    (tmp_path / "one").mkdir()
+    save_file({k: v.float() for k, v in sd.items()}, str(tmp_path / "one" / "model.safetensors"))
+    shutil.copy(src / "config.json", tmp_path / "one" / "config.json")
+    ref = load_raven(str(tmp_path / "one"), state_init="zero").eval()
+    ids = load_file(str(src / "io.safetensors"))["input_ids"]
+    assert torch.equal(logits_at(model, ids, 4), logits_at(ref, ids, 4))
+    (tmp_path / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(RavenError, match="model-00002-of-00002"):
+        load_raven(str(tmp_path))
+
+
 def test_retrofit_llama3_rope_scaling_matches_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
