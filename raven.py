@@ -36,6 +36,7 @@ import sys
 import torch
 
 from model import RecurrentConfig, RecurrentGPT, rope_inv_freq, write_json_atomic
+from tokenizer import TOKENIZER_FILES
 
 
 class RavenError(ValueError):
@@ -59,6 +60,8 @@ class RavenError(ValueError):
 #   init_values.std                          -> state_std; std == 0 -> state_init "zero" (the code zeroes s_0)
 #   H: True         L: False                 -> norm_before_coda (ln_f on s_r before the coda)
 #   H: block_size   L: max_position_embeddings -> block_size
+#   forward(num_steps=r): the reference runs r steps under no_grad, ours with grad; same logits. A pair
+#   [n, k] means n steps without grad then k with grad in both. None: mean_recurrence in eval (both).
 RAVEN_PARTS = {"prelude": "prelude", "core_block": "core", "coda": "coda"}  # raven block list -> ours
 RAVEN_NORMS = {  # per block; Huginn has all four, the retrofit pre-norm blocks only norm_1, norm_2
     "norm_1": "input_layernorm",
@@ -74,10 +77,6 @@ RAVEN_TOP = {  # whole-model tensors
 }
 # fused tensors, split in code: attn.Wqkv = cat[q, k, v] rows; attn.qk_bias [2, 1, H, hd] = (q bias, k bias);
 # attn.proj -> o_proj; mlp.fc = cat[gate, up] rows; mlp.proj -> down_proj. `freqs_cis` is derived and dropped.
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
-                   os.path.join("original", "tokenizer.model"))
 
 
 def interleave_perm(hd):
@@ -411,7 +410,7 @@ def export_raven(model_dir, out_dir):
     except (FileNotFoundError, ValueError) as err:
         raise RavenError(str(err).splitlines()[0]) from None
     variant = save_raven(model, out_dir)
-    for name in TOKENIZER_FILES:
+    for name in TOKENIZER_FILES:  # the files tokenizer.load_tokenizer reads, those that model_dir has
         if os.path.isfile(os.path.join(model_dir, name)):
             os.makedirs(os.path.dirname(os.path.join(out_dir, name)), exist_ok=True)
             shutil.copyfile(os.path.join(model_dir, name), os.path.join(out_dir, name))
