@@ -253,7 +253,7 @@ def plot_path_independence(pi, seeds, path):
     axes[0].set_xlabel("iteration i")
     axes[0].set_title("||s_i^a - s_i^b|| / (||s_i^a|| + ||s_i^b||), mean over pairs and tokens", fontsize=9)
     for ax, key, title in ((axes[1], "js", "JS divergence of final p (nats)"), (axes[2], "argmax_agreement", "argmax agreement")):
-        im = ax.imshow(pi[key], cmap="viridis")
+        im = ax.imshow(pi[key], cmap="viridis", vmin=0, vmax=1 if key == "argmax_agreement" else None)
         ax.set_xticks(range(len(seeds)), seeds)
         ax.set_yticks(range(len(seeds)), seeds)
         ax.set_xlabel("seed of s_0")
@@ -285,11 +285,13 @@ def plot_convergence(labels, needed, r, kl, path):
         for lab, (x, y), k in zip(labels, lines, n):
             ax.text(x, y, lab, family="monospace", fontsize=8, va="center",
                     bbox=dict(boxstyle="square,pad=0.15", fc=cmap(norm(k)), ec="none", alpha=0.8))  # fmt: skip
+            ax.text(x, y + 0.42, str(k), fontsize=5, color="dimgray", va="center")
         ax.set_title(f"iterations needed, {name} (max {r} = not converged)", fontsize=9)
     sm = matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap)
     fig.colorbar(sm, ax=list(axes[:-1]), fraction=0.02)
     ax = axes[-1]
-    im = ax.imshow(np.log10(np.maximum(kl.T, 1e-12)), aspect="auto", cmap="magma", interpolation="nearest",
+    logkl = np.log10(np.maximum(kl.T, 1e-12))
+    im = ax.imshow(logkl, aspect="auto", cmap="magma", interpolation="nearest", vmin=-12, vmax=max(1.0, logkl.max()),
                    extent=(0.5, kl.shape[0] + 0.5, len(labels) - 0.5, -0.5))  # fmt: skip
     ax.set_yticks(range(len(labels)), labels, fontsize=6, family="monospace")
     ax.set_xlabel("i")
@@ -368,7 +370,7 @@ def analyze_trajectory(model, tok, args):
         plot_path_independence(pi, seeds, files[-1])
     result = {
         "token_ids": ids, "tokens": labels, "r": args.r, "r_star": r_star, "seeds": seeds,
-        "dist_to_limit": dist.tolist(), "rel_dist_to_limit": rel.tolist(),
+        "dist_to_limit": dist.tolist(), "rel_dist_to_limit": rel.tolist(), "state_norm": states.norm(dim=-1).T.tolist(),
         "kl_consecutive": kl.T.tolist(), "latent_diff": ld.T.tolist(),
         "argmax": main_run["argmax"][: args.r].T.tolist(),
         "iterations_needed": {k: {"per_token": v[0].tolist(), "converged": v[1].tolist()} for k, v in need.items()},
@@ -462,7 +464,8 @@ def get_args(argv=None):
     p.add_argument("--calib_tokens", type=int, default=512)
     p.add_argument("--out_dir", default="out/analyze")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    # one thread by default: on a shared 2-core machine OpenMP spin-waits made 2 threads ~10x slower on these small matmuls
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = p.parse_args(argv)
     if not args.init and not args.layers_of:
         p.error("give --init (trajectories) and/or --layers_of (layer analysis)")
@@ -520,6 +523,8 @@ def print_summary(report, path):
             n = np.array(v["per_token"])
             print(f"  iterations needed ({name}): mean {n.mean():.1f}, median {np.median(n):.0f}, max {n.max()}, "
                   f"converged {sum(v['converged'])}/{len(n)}")  # fmt: skip
+        norm = np.array(t["state_norm"]).mean(0)
+        print(f"  ||s_i||, mean over tokens: i=0 {norm[0]:.3g}, i=1 {norm[1]:.3g}, i={t['r']} {norm[-1]:.3g}")
         print("  PCA explained variance: " + ", ".join(f"{x:.3f}" for x in t["pca"]["explained_variance_ratio"]))
         pi = t["path_independence"]
         if pi:
