@@ -259,6 +259,13 @@ def test_sotu_end_to_end(tmp_path, smol_dir):
         assert len(docs) == len(names)
         for doc, name in zip(docs, names):  # BOS + the speech, nothing else, in order
             assert tok.decode(doc) == sotu.raw(name)
+    # the short name resolves (hub.py) to the same offline SmolLM2 vocabulary
+    r = run_script("data/sotu/prepare.py", "--tokenizer", "smollm2", "--out_dir", tmp_path / "n",
+                   "--limit", 20, env={"HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr
+    assert load_meta(tmp_path / "n")["fingerprint"] == tok.fingerprint
+    assert (tmp_path / "n" / "val.bin").read_bytes() == np.asarray(
+        [tok.bos_id] + tok.encode(sotu.raw(fileids[19])), dtype=np.uint16).tobytes()
     # the ids are what the reference implementation (HF tokenizers) gives for that text
     ref = Tokenizer.from_file(str(smol_dir / "tokenizer.json"))
     first = split_docs(np.asarray(open_split(tmp_path, "train")[0]), tok.bos_id)[0]
