@@ -8,6 +8,7 @@ transformers model with the same layers removed when layers are dropped.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-4
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}  # fmt: skip
-SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4)
+SMALL = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4)
 
 # name -> (config class, model class, config kwargs): the five parent families of the project
 FAMILIES = {
@@ -47,6 +48,7 @@ def make_parent(family, path):
             if "norm" in name or name.endswith("bias"):
                 p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in name else 0.1 * torch.randn_like(p))
     model.save_pretrained(path)
+    save_tiny_tokenizer(path)
     if family == "llama32":  # the hub's Llama-3.2 config.json uses the transformers 4 layout: keep both covered
         cfg = json.loads((path / "config.json").read_text())
         rope = cfg.pop("rope_parameters")
@@ -54,6 +56,20 @@ def make_parent(family, path):
         cfg["rope_scaling"] = rope
         (path / "config.json").write_text(json.dumps(cfg))
     return model
+
+
+def save_tiny_tokenizer(path):
+    """A byte-level BPE tokenizer.json (300 ids) so the parent dir is a complete hub-layout checkpoint."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tok.train_from_iterator(["the recurrent block loops, and loops again"] * 20, trainer)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}))
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -64,7 +80,7 @@ def parent(request, tmp_path_factory):
 
 def test_all_layers_equal_parent(parent):
     family, hf, path = parent
-    idx = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(1))
+    idx = torch.randint(0, 320, (2, 40), generator=torch.Generator().manual_seed(1))
     ref = hf(idx).logits
     model, _ = retrofit(str(path), shape=(2, 2, 2))  # 6 layers: nothing dropped
     for r in (1, 3):  # the [0 | I] adapter ignores the state, so every r is the parent
@@ -81,7 +97,7 @@ def test_dropped_layers_equal_pruned_parent(parent):
     hf.config.num_hidden_layers = len(kept)
     if getattr(hf.config, "layer_types", None):
         hf.config.layer_types = [hf.config.layer_types[i] for i in kept]
-    idx = torch.randint(0, 128, (1, 24), generator=torch.Generator().manual_seed(2))
+    idx = torch.randint(0, 320, (1, 24), generator=torch.Generator().manual_seed(2))
     ref = hf(idx, use_cache=False).logits
     logits, _ = model.eval()(idx, num_steps=1)
     assert (logits - ref).abs().max().item() <= TOL, family
@@ -108,7 +124,8 @@ def test_bad_layer_specs(spec, msg):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "surgery.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # the hub is unreachable here: fail fast instead of waiting on it
+    return subprocess.run([sys.executable, "surgery.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_cli_writes_checkpoint_and_checks_itself(tmp_path):
@@ -122,6 +139,10 @@ def test_cli_writes_checkpoint_and_checks_itself(tmp_path):
     assert cfg["parent"]["init"] == str(tmp_path / "parent")
     model = RecurrentGPT.from_pretrained(str(out))
     assert model.adapter.weight.shape == (64, 128)
+    from tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(out))
+    assert tok.decode(tok.encode("loops again")) == "loops again"
 
 
 def test_cli_bad_input_one_line(tmp_path):
@@ -130,6 +151,8 @@ def test_cli_bad_input_one_line(tmp_path):
         ("--init", str(tmp_path / "parent"), "--shape", "4,4,4", "--out", str(tmp_path / "o1")),  # 12 > 6 layers
         ("--init", str(tmp_path / "nowhere"), "--shape", "1,1,1", "--out", str(tmp_path / "o2")),
         ("--init", str(tmp_path / "parent"), "--shape", "1,x,1", "--out", str(tmp_path / "o3")),
+        ("--init", "no-such-org/no-such-model", "--shape", "1,1,1", "--out", str(tmp_path / "o5")),  # hub failure
+        ("--init", "no_such_short_name", "--shape", "1,1,1", "--out", str(tmp_path / "o6")),
     ]
     # a truncated weights file
     st = tmp_path / "parent" / "model.safetensors"
