@@ -225,9 +225,10 @@ def build_prompt(args, tok, question, shots):
         q, a = "Problem:\n{}\n\nSolution:", "\n{}"
     if not args.chat:
         return "".join(q.format(x) + a.format(y) + "\n\n" for x, y in shots) + q.format(question)
-    messages = []
+    messages = []  # chat: the bare question as the user turn, worked exemplars as assistant turns
+    ask = "{}" if args.task == "gsm8k" else "{}\nPut the final answer in \\boxed{{}}."
     for x, y in shots + [(question, None)]:
-        messages.append({"role": "user", "content": q.format(x)})
+        messages.append({"role": "user", "content": ask.format(x)})
         if y is not None:
             messages.append({"role": "assistant", "content": y})
     return tok.apply_chat_template(messages, add_generation_prompt=True)
@@ -245,51 +246,53 @@ def encode_prompt(tok, text):
 # generation with stop strings
 
 
-def end_of_turn_id(tok, chat):
-    """EOS, or in chat mode the template's end-of-turn token if it is one token (<|im_end|>, <|eot_id|>)."""
-    if chat:
-        for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
-            ids = tok.encode(marker)
-            if len(ids) == 1:
-                return ids[0]
-    return tok.eos_id
+def stop_ids(tok, chat):
+    """EOS, plus in chat mode the template's end-of-turn token if it is one token (<|im_end|>, <|eot_id|>)."""
+    ids = {tok.eos_id} if tok.eos_id is not None else set()
+    for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>") if chat else ():
+        enc = tok.encode(marker)
+        if len(enc) == 1:
+            ids.add(enc[0])
+    return ids
 
 
-def complete(model, tok, prompts, r, args, eos_id, seed):
-    """Greedy completions of a batch, generated --chunk tokens at a time until a stop string or EOS.
+def accept(tok, done, new, stop_re, eos_ids):
+    """Add a chunk of generated tokens to a completion (done: the tokens kept so far).
 
-    Returns [(text, n_tokens, loops)] with text cut before the stop string."""
+    Ends at the first EOS (dropped) or at the token that completes a stop string (kept; the text is
+    cut before the stop string). Returns (tokens to keep, finished, text, tokens consumed)."""
+    cut = next((j for j, t in enumerate(new) if t in eos_ids), None)
+    kept = new if cut is None else new[:cut]
+    if stop_re.search(tok.decode(done + kept)):  # then find the first token at which it completes
+        for j in range(len(kept)):
+            m = stop_re.search(tok.decode(done + kept[:j + 1]))
+            if m:
+                return kept[:j + 1], True, tok.decode(done + kept[:j + 1])[:m.start()], j + 1
+    return kept, cut is not None, tok.decode(done + kept), len(kept) + (cut is not None)
+
+
+def complete(model, tok, prompts, r, args, eos_ids, seed):
+    """Greedy completions of a batch, generated --chunk tokens at a time until a stop string, EOS or
+    --max_new_tokens. sample.generate knows only EOS, so each chunk re-reads prompt + tokens so far
+    (one extra prefill per chunk) and stops the rows that hit a stop string.
+
+    Returns [(text, n_tokens, loops)], text cut before the stop string."""
     from sample import generate
 
-    stop_re = STOP_RE[args.task]
-    gen = [[] for _ in prompts]
-    loops = [0 for _ in prompts]
-    text = [None for _ in prompts]
+    gen, loops, text = [[] for _ in prompts], [0] * len(prompts), [None] * len(prompts)
     for c in range(0, args.max_new_tokens, args.chunk):
         active = [i for i in range(len(prompts)) if text[i] is None]
         if not active:
             break
         outs = generate(model, [prompts[i] + gen[i] for i in active], max_new_tokens=min(args.chunk,
-                        args.max_new_tokens - c), num_steps=r, temperature=0.0, eos_id=eos_id, seed=seed + c,
-                        exit_criterion=args.exit_criterion, exit_threshold=args.exit_threshold)
+                        args.max_new_tokens - c), num_steps=r, temperature=0.0, eos_id=eos_ids or None,
+                        seed=seed + c, exit_criterion=args.exit_criterion, exit_threshold=args.exit_threshold)
         for i, out in zip(active, outs):
-            new = list(out.tokens)
-            hit_eos = eos_id is not None and eos_id in new
-            if hit_eos:
-                new = new[:new.index(eos_id)]
-            # the first token at which a stop string completes (searched only when the chunk has one)
-            for j in range(len(new) if stop_re.search(tok.decode(gen[i] + new)) else 0):
-                m = stop_re.search(tok.decode(gen[i] + new[:j + 1]))
-                if m:
-                    gen[i] += new[:j + 1]
-                    loops[i] += sum(out.loops[:j + 1])
-                    text[i] = tok.decode(gen[i])[:m.start()]
-                    break
-            else:
-                gen[i] += new
-                loops[i] += sum(out.loops[:len(new) + hit_eos])
-                if hit_eos or len(gen[i]) >= args.max_new_tokens or len(new) == 0:
-                    text[i] = tok.decode(gen[i])
+            kept, finished, txt, used = accept(tok, gen[i], list(out.tokens), STOP_RE[args.task], eos_ids)
+            gen[i] += kept
+            loops[i] += sum(out.loops[:used])
+            if finished or len(gen[i]) >= args.max_new_tokens or not out.tokens:
+                text[i] = txt
     return [(text[i] if text[i] is not None else tok.decode(gen[i]), len(gen[i]), loops[i])
             for i in range(len(prompts))]
 
@@ -298,7 +301,7 @@ def run_generation(args, model, tok):
     rows, train = load_problems(args)
     rows = rows[:args.limit] if args.limit else rows
     shots = exemplars(args, train)
-    eos_id = end_of_turn_id(tok, args.chat)
+    eos_ids = stop_ids(tok, args.chat)
     prompts = [build_prompt(args, tok, row["question" if args.task == "gsm8k" else "problem"], shots) for row in rows]
     ids = [encode_prompt(tok, p) for p in prompts]
     from tqdm import tqdm
@@ -307,7 +310,7 @@ def run_generation(args, model, tok):
     for r in args.r:
         t0 = time.time()
         for b in tqdm(range(0, len(rows), args.batch_size), desc=f"{args.task} r={r}", unit="batch"):
-            outs = complete(model, tok, ids[b:b + args.batch_size], r, args, eos_id, args.seed + b)
+            outs = complete(model, tok, ids[b:b + args.batch_size], r, args, eos_ids, args.seed + b)
             for k, (completion, ntok, nloops) in enumerate(outs):
                 row = rows[b + k]
                 rec = {"index": b + k, "r": r, "prompt": prompts[b + k], "completion": completion}
@@ -484,7 +487,9 @@ def plot(args, rows, out_dir):
         for k in ks:
             axes[1].errorbar([x["r"] for x in rows], [x["by_k"][k]["accuracy"] for x in rows],
                              yerr=[x["by_k"][k]["se"] for x in rows], marker="o", label=f"k={k}")
-        axes[1].set(xscale="log", xlabel="test recurrence r", ylabel="accuracy", title="accuracy against r")
+        axes[1].set_xscale("log", base=2)
+        axes[1].set(xticks=[x["r"] for x in rows], xticklabels=[x["r"] for x in rows], ylim=(-0.02, 1.02),
+                    xlabel="test recurrence r", ylabel="accuracy", title="accuracy against r")
         axes[1].legend(fontsize=7, ncol=2)
         fig.tight_layout()
         paths.append(out_dir / "depth_accuracy.png")
@@ -497,7 +502,12 @@ def plot(args, rows, out_dir):
         fig, ax = plt.subplots(figsize=(5.5, 4))
         ax.errorbar([x[x_key] for x in rows], [x[key] for x in rows], yerr=[x[se_key] or 0 for x in rows],
                     marker="o", capsize=3, label=Path(args.init).name)
-        ax.set(xscale="log", xlabel=x_label, ylabel=label, title=f"{args.task}: {label} {name.replace('_', ' ')}")
+        ax.set_xscale("log", base=2 if x_key == "r" else 10)
+        if x_key == "r":
+            ax.set(xticks=[x["r"] for x in rows], xticklabels=[x["r"] for x in rows])
+        if key == "accuracy":  # from 0, so small differences do not look like large ones
+            ax.set_ylim(0, max(0.05, 1.15 * max(x[key] + x[se_key] for x in rows)))
+        ax.set(xlabel=x_label, ylabel=label, title=f"{args.task}: {label} {name.replace('_', ' ')}")
         ax.legend()
         fig.tight_layout()
         paths.append(out_dir / f"{key}_{name}.png")

