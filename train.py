@@ -452,7 +452,7 @@ def train(args):
         log.write(json.dumps({"step": step, "config": vars(args), "run": run_info}) + "\n")
     from tqdm import tqdm
 
-    bar = tqdm(total=args.max_iters, initial=step, disable=not master, dynamic_ncols=True)
+    bar = tqdm(total=args.max_iters, initial=step, disable=None if master else True, dynamic_ncols=True)  # None: off without a TTY
     start_step, tokens_seen, flops_seen, bad_in_row = step, step * total, 0.0, 0
     while True:
         if step % args.eval_interval == 0 or step == args.max_iters:
@@ -462,7 +462,7 @@ def train(args):
                 log.flush()
                 bar.write(f"step {step}: " + ", ".join(
                     f"r={r} val {v['loss']:.4f}" + (f" acc {v['acc']:.3f}" if "acc" in v else "") for r, v in val.items()))
-                if step > start_step:  # not at the step just loaded
+                if step > start_step and bad_in_row == 0:  # not the step just loaded, nor after skipped steps
                     save_checkpoint(model, opts, step, args, meta["fingerprint"], args.out_dir)
         if step >= args.max_iters:
             break

