@@ -318,10 +318,13 @@ def bpe_from_tokenizer_json(tj, cfg, source, chat_dir=None):
             raise ValueError(f"{source}: merge {i} uses a token that only a later merge makes")
         ranks[ab] = len(rank_to_id)
         rank_to_id.append(vocab[a + b])
-    # tokens that neither are a byte nor come out of a merge: HF can only emit them via ignore_merges
-    orphans = [t for t, i in vocab.items() if i not in added_ids and len(to_bytes(t)) > 1 and to_bytes(t) not in ranks]
-    if orphans and model.get("ignore_merges"):
-        raise ValueError(f"{source}: {len(orphans)} tokens are not made by any merge, e.g. {orphans[:3]}")
+    # Tokens that are neither a byte nor a merge result: HF emits them only with ignore_merges=True, when a whole
+    # piece equals one (tiktoken's first step too), so they get the last ranks; without it they are unreachable.
+    if model.get("ignore_merges"):
+        for t, i in sorted(vocab.items(), key=lambda kv: kv[1]):
+            if i not in added_ids and to_bytes(t) not in ranks:
+                ranks[to_bytes(t)] = len(rank_to_id)
+                rank_to_id.append(i)
     return BPETokenizer(source=source, pattern=pattern, mergeable_ranks=ranks, rank_to_id=rank_to_id, added=added,
                         normalizer=tj.get("normalizer"), bos_token=_token_content(cfg.get("bos_token")),
                         eos_token=_token_content(cfg.get("eos_token")), special_strings=_special_strings(cfg),

