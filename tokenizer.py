@@ -186,36 +186,33 @@ class BPETokenizer(_Base):
     (-1: a byte the vocabulary lacks, which the reference drops)."""
 
     def __init__(self, *, source, pattern, mergeable_ranks, rank_to_id, added, normalizer=None, bos_token=None,
-                 eos_token=None, special_strings=None, chat_template=None, fingerprint_extra=None):
+                 eos_token=None, special_strings=None, chat_template=None):
         self.source, self.pattern, self.chat_template = source, pattern, chat_template
-        self._enc = tiktoken.Encoding(f"nanorecur-{abs(hash(source))}", pat_str=pattern,
+        self.special_strings = special_strings or {}
+        self._enc = tiktoken.Encoding(f"nanorecur-{Path(source).name}", pat_str=pattern,
                                       mergeable_ranks=mergeable_ranks, special_tokens={})
         self._rank_to_id = rank_to_id
         self._normalize = _normalize_fn(normalizer)
-        self._normalizer = normalizer
         self._missing = bytes(b for b in range(256) if rank_to_id[mergeable_ranks[bytes([b])]] < 0)
-        # id -> bytes, for decode and the fingerprint
-        self.added = {a["content"]: a["id"] for a in added}
-        self.vocab_size = 1 + max([rank_to_id[r] for r in mergeable_ranks.values()] + list(self.added.values()))
-        self._id_bytes = [b""] * self.vocab_size
+        self.added = {a["content"]: a["id"] for a in added}  # added/special tokens: content -> id
+        self.vocab_size = 1 + max([i for i in rank_to_id] + list(self.added.values()))
+        self._id_bytes = [b""] * self.vocab_size  # id -> bytes, for decode and the fingerprint
         for tok, r in mergeable_ranks.items():
             if rank_to_id[r] >= 0:
                 self._id_bytes[rank_to_id[r]] = tok
         for content, i in self.added.items():
             self._id_bytes[i] = content.encode("utf-8")
-        # added tokens are matched in raw text before the regex, longest first (like HF's leftmost-longest)
+        # added tokens are matched in the raw text before the regex runs, longest first (HF: leftmost-longest);
+        # lstrip/rstrip tokens swallow the whitespace beside them
         alts = []
         for a in sorted(added, key=lambda a: -len(a["content"])):
             if a.get("single_word"):
                 raise ValueError(f"added token {a['content']!r} uses single_word, which is not supported")
-            alts.append((r"\s*" if a.get("lstrip") else "") + re.escape(a["content"]) + (r"\s*" if a.get("rstrip") else ""))
+            alts.append(r"\s*" * bool(a.get("lstrip")) + re.escape(a["content"]) + r"\s*" * bool(a.get("rstrip")))
         self._added_re = re.compile("|".join(alts)) if alts else None
-        self._added_exact = {a["content"]: a["id"] for a in added}
-        self._added_stripped = {a["content"]: a["id"] for a in added if a.get("lstrip") or a.get("rstrip")}
-        self.special_strings = special_strings or {}
         self.bos_id = self.token_to_id(bos_token)
         self.eos_id = self.token_to_id(eos_token)
-        h = hashlib.sha256(json.dumps({"pattern": pattern, "normalizer": normalizer, "extra": fingerprint_extra,
+        h = hashlib.sha256(json.dumps({"pattern": pattern, "normalizer": normalizer,
                                        "added": sorted(self.added.items(), key=lambda kv: kv[1])}).encode())
         for b in self._id_bytes:
             h.update(len(b).to_bytes(4, "little") + b)
@@ -256,8 +253,7 @@ class BPETokenizer(_Base):
         for m in self._added_re.finditer(text):
             if m.start() > start:
                 ids += self._encode_ordinary(text[start:m.start()])
-            tok = m.group()
-            ids.append(self._added_exact[tok] if tok in self._added_exact else self._added_exact[tok.strip()])
+            ids.append(self.added[m.group()] if m.group() in self.added else self.added[m.group().strip()])
             start = m.end()
         if start < len(text):
             ids += self._encode_ordinary(text[start:])
@@ -308,16 +304,21 @@ def bpe_from_tokenizer_json(tj, cfg, source, chat_dir=None):
         ranks[bytes([b])] = b
         tok = _BYTE_ENCODER[b]
         rank_to_id.append(vocab[tok] if tok in vocab and vocab[tok] not in added_ids else -1)
+    previous = None
     for i, (a, b) in enumerate(merges):
-        if a + b not in vocab:
-            raise ValueError(f"{source}: merge {i} ({a!r} {b!r}) makes a token not in the vocabulary")
+        if a + b not in vocab or a not in vocab or b not in vocab:
+            raise ValueError(f"{source}: merge {i} ({a!r} {b!r}) uses or makes a token not in the vocabulary")
         ab = to_bytes(a + b)
         if ab in ranks:
-            raise ValueError(f"{source}: token {a + b!r} is made by two merges; tiktoken needs one rank per token")
-        if to_bytes(a) not in ranks or to_bytes(b) not in ranks:
-            raise ValueError(f"{source}: merge {i} uses a token that only a later merge makes")
+            # Tokenizers converted from tiktoken (Llama-3) list every split of a token, one after another: tiktoken's
+            # rule exactly. A token made again by a merge far later has two priorities, which tiktoken cannot say.
+            if ab != previous:
+                raise ValueError(f"{source}: merge {i} remakes {a + b!r} long after its first merge; tiktoken needs "
+                                 "one rank per token")
+            continue
         ranks[ab] = len(rank_to_id)
         rank_to_id.append(vocab[a + b])
+        previous = ab
     # Tokens that are neither a byte nor a merge result: HF emits them only with ignore_merges=True, when a whole
     # piece equals one (tiktoken's first step too), so they get the last ranks; without it they are unreachable.
     if model.get("ignore_merges"):

@@ -274,6 +274,18 @@ def test_llama3_tiktoken_file_matches_tokenizer_json(tmp_path):
     compare("llama3 tiktoken file vs tokenizers", ours, tokenizers_batch(ref), CORPUS)
     assert ours.fingerprint == load_tokenizer(d).fingerprint
 
+    # Meta's Llama-3 tokenizer.json was made from the tiktoken file by transformers' TikTokenConverter: every split
+    # of every token is a merge, sorted by the token's rank (many merges per token), and ignore_merges=True
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+    conv = TikTokenConverter(vocab_file=str(tk), pattern=LLAMA3_PATTERN, extra_special_tokens=specials).converted()
+    (tmp_path / "conv").mkdir()
+    conv.save(str(tmp_path / "conv" / "tokenizer.json"))
+    (tmp_path / "conv" / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert conv.get_vocab_size() == ours.vocab_size and len(json.loads(conv.to_str())["model"]["merges"]) > len(vocab)
+    from_json = load_tokenizer(tmp_path / "conv")
+    compare("llama3 TikTokenConverter tokenizer.json vs tokenizers", from_json, tokenizers_batch(conv), CORPUS)
+    assert from_json.fingerprint == ours.fingerprint
+
 
 # -----------------------------------------------------------------------------
 # SentencePiece (TinyLlama family)
