@@ -452,11 +452,17 @@ class SentencePieceTokenizer(_Base):
         self._control_re = re.compile("|".join(map(re.escape, alts))) if alts else None
         self._byte = {i: int(self.sp.id_to_piece(i)[3:5], 16) for i in range(n) if self.sp.is_byte(i)}
         self.special_strings = _special_strings(cfg)
-        tok_id = lambda t: None if t is None else self.sp.piece_to_id(_token_content(t))
+        tok_id = lambda t: None if t is None else self.token_to_id(_token_content(t))
         self.bos_id = tok_id(cfg.get("bos_token")) if "bos_token" in cfg else self.sp.bos_id()
         self.eos_id = tok_id(cfg.get("eos_token")) if "eos_token" in cfg else self.sp.eos_id()
         self.chat_template = _template_from_config(cfg, chat_dir)
         self.fingerprint = hashlib.sha256(self.sp.serialized_model_proto()).hexdigest()[:16]
+
+    def token_to_id(self, token):
+        i = self.sp.piece_to_id(token)
+        if self.sp.id_to_piece(i) != token:
+            raise ValueError(f"{token!r} is not a token of {self.source}")
+        return i
 
     def encode(self, text):
         if self._control_re is None:

@@ -308,6 +308,7 @@ def test_sentencepiece_matches_reference(tmp_path):
     sp = spm.SentencePieceProcessor(model_file=str(d / "tokenizer.model"))
     ours = load_tokenizer(d)
     assert (ours.bos_id, ours.eos_id, ours.vocab_size) == (1, 2, 1000)
+    assert [ours.token_to_id(sp.id_to_piece(i)) for i in range(1000)] == list(range(1000))
     plain = [t for t in CORPUS if not any(s in t for s in ("<s>", "</s>", "<unk>"))]
     compare("sentencepiece: ours vs sentencepiece", ours, sp.encode, plain)  # sp.encode takes a list too
     # transformers' Llama tokenizer from the same model file, with the hub's (TinyLlama/Llama-2) tokenizer.json
