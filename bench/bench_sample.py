@@ -1,0 +1,222 @@
+"""
+Benchmarks of sample.py's inference features (Geiping et al. 2025, arXiv 2502.05171, §6) on the
+offline SmolLM2-135M-Instruct and, when given, a depth-task model trained by train.py:
+
+1. decode tokens/s with our KV cache vs transformers' generate on the same weights at r=1
+   (load_model keeps all 30 layers with the identity adapter, so r=1 is the parent itself);
+2. per-token decode cost as r grows on a (4,6,4) retrofit: P + r R + C layers, so it should be linear;
+3. adaptive exit vs fixed r on the S3 depth task: accuracy and mean loops per token (--depth_ckpt);
+4. KV memory and speed with a KV budget (slot i mod N) vs the full cache, and how many greedy
+   tokens still agree with the full cache.
+Figures go to standard error, one table per section.
+
+    python bench/bench_sample.py                                   # sections 1, 2, 4 (~5 min, 1 CPU thread)
+    python bench/bench_sample.py --depth_ckpt out/depth --depth_data data/depth --sections 3
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from kv_cache import KVCache  # noqa: E402
+from sample import EXIT_THRESHOLDS, Decoder, ExitRule, generate  # noqa: E402
+
+PROMPT = "Write a short story about a robot who learns to paint."
+
+
+def log(msg=""):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def decode_rate(run, n_new, repeats):
+    """Decode tokens/s from two timings, (n_new - 1) / (t(n_new) - t(1)), so prefill cancels out;
+    the best of `repeats` (other jobs share these cores)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run(1)
+        t1 = time.perf_counter()
+        out = run(n_new)
+        t2 = time.perf_counter()
+        best = min(best, (t2 - t1) - (t1 - t0))
+    return (n_new - 1) / best, out
+
+
+def section_hf(args, tok, ids):
+    from transformers import AutoModelForCausalLM
+
+    from hub import resolve_checkpoint
+    from surgery import load_model
+
+    gguf = resolve_checkpoint("smollm2")
+    if not gguf.endswith(".gguf"):
+        log(f"1. skipped: smollm2 resolved to {gguf}, not the offline GGUF this section compares against")
+        return
+    ours, _ = load_model(gguf, state_init="zero")
+    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf),
+                                              dtype=torch.float32).eval()
+    x = torch.tensor([ids])
+
+    def run_ours(n):
+        return generate(ours, [ids], max_new_tokens=n, num_steps=1)[0].tokens
+
+    def run_hf(n):
+        with torch.inference_mode():
+            y = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                            do_sample=False, pad_token_id=tok.eos_id)
+        return y[0, len(ids):].tolist()
+
+    run_ours(2), run_hf(2)  # warm up
+    ours_rate, ours_toks = decode_rate(run_ours, args.n_new, args.repeats)
+    hf_rate, hf_toks = decode_rate(run_hf, args.n_new, args.repeats)
+    agree = next((i for i, (a, b) in enumerate(zip(ours_toks, hf_toks)) if a != b), len(ours_toks))
+    log(f"1. decode at r=1, SmolLM2-135M (30 layers), prompt {len(ids)} tokens, {args.n_new} new tokens, greedy")
+    log(f"   ours (KV cache)        {ours_rate:7.1f} tok/s")
+    log(f"   transformers generate  {hf_rate:7.1f} tok/s")
+    log(f"   speed ratio ours/hf    {ours_rate / hf_rate:7.2f}x   (goal >= 1.0)")
+    log(f"   greedy tokens identical for the first {agree}/{len(ours_toks)}")
+    log()
+
+
+def section_r(args, ids):
+    from surgery import retrofit
+
+    model, _ = retrofit("smollm2", shape=(4, 6, 4), state_init="zero")
+    P, R, C = 4, 6, 4
+    log(f"2. decode cost vs r, SmolLM2 retrofit (4,6,4), {args.n_new} new tokens")
+    log("   r    ms/token   layers/token   ms/layer")
+    rows = []
+    for r in args.r:
+        def run(n):
+            return generate(model, [ids], max_new_tokens=n, num_steps=r)[0].tokens
+        run(2)
+        rate, _ = decode_rate(run, args.n_new, args.repeats)
+        layers = P + r * R + C
+        rows.append((r, 1000 / rate, layers))
+        log(f"   {r:<4d} {1000 / rate:9.1f}   {layers:12d}   {1000 / rate / layers:8.2f}")
+    r_, ms = np.array([x[0] for x in rows], float), np.array([x[1] for x in rows])
+    slope, icpt = np.polyfit(r_, ms, 1)
+    pred = slope * r_ + icpt
+    r2 = 1 - ((ms - pred) ** 2).sum() / ((ms - ms.mean()) ** 2).sum()
+    log(f"   linear fit: ms/token = {icpt:.1f} + {slope:.1f} r   (R^2 = {r2:.4f}; goal: linear)")
+    log()
+
+
+def depth_eval(model, ids, targets, r, rule, batch_size, seed):
+    """Teacher-forced, one position per decode step (adaptive exit is per token): accuracy and
+    loops at the labeled positions."""
+    correct, loops = [], []
+    gen = torch.Generator().manual_seed(seed)
+    for b in range(0, len(ids), batch_size):
+        x = torch.from_numpy(ids[b:b + batch_size].astype(np.int64))
+        B, T = x.shape
+        dec = Decoder(model, [0] * B, T, r, KVCache(model.config, B, T, r), rule, generator=gen)
+        preds, ns = [], []
+        with torch.inference_mode():
+            for t in range(T):
+                lg, n = dec.forward(x[:, t:t + 1], adaptive=rule is not None and t > 0)
+                preds.append(lg[:, -1].argmax(-1))
+                ns.append(n)
+        pred, n = torch.stack(preds, 1).numpy(), torch.stack(ns, 1).numpy()
+        lab = targets[b:b + batch_size] != -1
+        correct.append(pred[lab] == targets[b:b + batch_size][lab])
+        loops.append(n[lab])
+    return np.concatenate(correct).mean(), np.concatenate(loops).mean()
+
+
+def section_depth(args):
+    from data.common import load_meta, open_split
+    from surgery import load_model
+
+    if not args.depth_ckpt:
+        log("3. adaptive exit on the depth task: skipped (pass --depth_ckpt DIR, a model trained by train.py "
+            "on data/depth, and --depth_data DIR)")
+        log()
+        return
+    model, _ = load_model(args.depth_ckpt)
+    meta = load_meta(args.depth_data)
+    ids, targets, _ = open_split(args.depth_data, "val", meta)
+    shape = (-1, meta["seq_len"])
+    ids, targets = np.asarray(ids).reshape(shape)[:args.depth_rows], np.asarray(targets).reshape(shape)[:args.depth_rows]
+    r_max = args.depth_r
+    log(f"3. depth task ({args.depth_ckpt}, {len(ids)} val rows, k up to {meta.get('test_max_k')}): "
+        f"teacher-forced, one token per decode step, r_max = {r_max}")
+    log("   mode                      accuracy   mean loops/token")
+    for r in sorted({1, 2, 4, 8, r_max} - {x for x in (1, 2, 4, 8) if x > r_max}):
+        acc, n = depth_eval(model, ids, targets, r, None, args.batch_size, args.seed)
+        log(f"   fixed r={r:<17d} {acc:8.3f}   {n:8.2f}")
+        if r == r_max:
+            base_acc, base_n = acc, n
+    for crit, thr in EXIT_THRESHOLDS.items():
+        rule = ExitRule(crit, thr, args.exit_min_r)
+        acc, n = depth_eval(model, ids, targets, r_max, rule, args.batch_size, args.seed)
+        log(f"   exit {crit:<12s} {thr:<8g} {acc:8.3f}   {n:8.2f}   ({base_n / n:.1f}x fewer loops, "
+            f"{100 * (acc - base_acc):+.1f} points vs fixed r={r_max}; goal >= 2x within 1 point)")
+    log()
+
+
+def section_budget(args, ids):
+    from surgery import retrofit
+
+    model, _ = retrofit("smollm2", shape=(4, 6, 4), state_init="zero")
+    r = args.budget_r
+    log(f"4. KV budget at r={r}, SmolLM2 retrofit (4,6,4), prompt {len(ids)} + {args.n_new} new tokens, greedy")
+    log("   budget   KV cache MiB   tok/s   greedy tokens equal to the full cache")
+    full = None
+    for budget in [None] + [b for b in (8, 4, 2, 1) if b < r]:
+        stats = {}
+        t0 = time.perf_counter()
+        toks = generate(model, [ids], max_new_tokens=args.n_new, num_steps=r, kv_budget=budget, stats=stats)[0].tokens
+        rate = stats["decode_tokens"] / stats["decode_s"]
+        full = toks if budget is None else full
+        agree = next((i for i, (a, b) in enumerate(zip(toks, full)) if a != b), len(toks))
+        log(f"   {str(budget or r):<8s} {stats['kv_bytes'] / 2**20:12.2f}   {rate:5.1f}   first {agree}/{len(toks)}"
+            f"   ({time.perf_counter() - t0:.0f}s)")
+    log()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--sections", default="1,2,3,4", help="which sections to run, e.g. 1,3")
+    p.add_argument("--n_new", type=int, default=32, help="new tokens per timed generation")
+    p.add_argument("--repeats", type=int, default=2, help="timings per figure (the best is kept)")
+    p.add_argument("--r", default="1,2,4,8,16", help="section 2: the r values")
+    p.add_argument("--budget_r", type=int, default=16, help="section 4: r")
+    p.add_argument("--depth_ckpt", default=None, help="section 3: a checkpoint trained on the depth task")
+    p.add_argument("--depth_data", default="data/depth", help="section 3: the prepared depth data dir")
+    p.add_argument("--depth_rows", type=int, default=256, help="section 3: val rows used")
+    p.add_argument("--depth_r", type=int, default=16, help="section 3: r_max (fixed-r baseline and exit cap)")
+    p.add_argument("--exit_min_r", type=int, default=1)
+    p.add_argument("--batch_size", type=int, default=256)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--threads", type=int, default=1,
+                   help="1 by default: decode is matrix-vector work, and a 2nd thread waits a lot on shared cores")
+    args = p.parse_args(argv)
+    args.r = [int(x) for x in args.r.split(",")]
+    sections = {int(x) for x in args.sections.split(",")}
+    torch.set_num_threads(args.threads)
+    log("config: " + " ".join(f"{k}={v}" for k, v in vars(args).items()) + f" torch={torch.__version__}")
+    ids = None
+    if sections & {1, 2, 4}:
+        from hub import resolve_checkpoint
+        from tokenizer import load_tokenizer
+
+        tok = load_tokenizer(resolve_checkpoint("smollm2"))
+        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]))
+    if 1 in sections:
+        section_hf(args, tok, ids)
+    if 2 in sections:
+        section_r(args, ids)
+    if 3 in sections:
+        section_depth(args)
+    if 4 in sections:
+        section_budget(args, ids)
+
+
+if __name__ == "__main__":
+    main()
