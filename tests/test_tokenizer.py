@@ -217,9 +217,22 @@ def train_family(name, out_dir, vocab_size=3000, permute_ids=False):
     return out_dir
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Each fixture tokenizer is trained once per test module: trained(name, permute_ids=False) -> dir."""
+    cache = {}
+
+    def get(name, permute_ids=False):
+        if (name, permute_ids) not in cache:
+            out = tmp_path_factory.mktemp(f"{name}{'_permuted' if permute_ids else ''}")
+            cache[name, permute_ids] = train_family(name, out, permute_ids=permute_ids)
+        return cache[name, permute_ids]
+    return get
+
+
 @pytest.mark.parametrize("name,permute", [("llama3", False), ("qwen2", False), ("olmo2", False), ("qwen2", True)])
-def test_tokenizer_json_matches_tokenizers(tmp_path, name, permute):
-    d = train_family(name, tmp_path / name, permute_ids=permute)
+def test_tokenizer_json_matches_tokenizers(trained, name, permute):
+    d = trained(name, permute)
     ours = load_tokenizer(d)
     ref = Tokenizer.from_file(str(d / "tokenizer.json"))
     tj = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
@@ -239,9 +252,9 @@ def test_tokenizer_json_matches_tokenizers(tmp_path, name, permute):
 
 
 @pytest.mark.parametrize("name", ["llama3", "qwen2"])
-def test_tokenizer_json_matches_transformers(tmp_path, name):
+def test_tokenizer_json_matches_transformers(tmp_path, trained, name):
     transformers = pytest.importorskip("transformers")
-    d = train_family(name, tmp_path / name)
+    d = trained(name)
     ours = load_tokenizer(d)
     ref = transformers.AutoTokenizer.from_pretrained(str(d))
     compare(f"{name} vs transformers", ours, hf_batch(ref), CORPUS)
@@ -253,9 +266,9 @@ def test_tokenizer_json_matches_transformers(tmp_path, name):
     assert load_tokenizer(tmp_path / "copy").fingerprint == ours.fingerprint and len(out) == 2
 
 
-def test_llama3_tiktoken_file_matches_tokenizer_json(tmp_path):
+def test_llama3_tiktoken_file_matches_tokenizer_json(tmp_path, trained):
     """original/tokenizer.model (base64 token + rank) gives the same ids as the tokenizer.json of the vocab."""
-    d = train_family("llama3", tmp_path / "llama3")
+    d = trained("llama3")
     ref = Tokenizer.from_file(str(d / "tokenizer.json"))
     vocab = ref.get_vocab(with_added_tokens=False)
     b2u = {c: b for b, c in bytes_to_unicode().items()}
