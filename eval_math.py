@@ -22,6 +22,7 @@ summary.json, and PNG plots.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import random
@@ -35,7 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from math_grader import extract_boxed, grade_math  # noqa: F401 (part of this module's interface)
+from math_grader import MINERVA_SHOTS, extract_boxed, extract_math, grade_math  # noqa: F401 (interface)
 
 REPO = Path(__file__).resolve().parent
 
@@ -110,15 +111,6 @@ def gsm8k_gold(answer):
     return clean_number(answer.split("####")[-1])
 
 
-def extract_math(text):
-    """The last \\boxed{} answer, else Minerva's "The final answer is X. I hope it is correct."."""
-    boxed = extract_boxed(text)
-    if boxed is not None:
-        return boxed
-    m = re.search(r"[Ff]inal [Aa]nswer(?::| is)?.*?is \$?(.*?)\$?\.? I hope it is correct", text or "")
-    return m.group(1).strip() if m else None
-
-
 # -----------------------------------------------------------------------------
 # data: local jsonl, or the Hugging Face hub
 
@@ -179,28 +171,6 @@ def load_problems(args):
 # -----------------------------------------------------------------------------
 # prompts
 
-MINERVA_SHOTS = [  # the 4-shot MATH prompt of Lewkowycz et al. 2022, appendix D.2
-    ("Find the domain of the expression  $\\frac{\\sqrt{x-2}}{\\sqrt{5-x}}$.}",
-     "The expressions inside each square root must be non-negative. Therefore, $x-2 \\ge 0$, so $x\\ge2$, and "
-     "$5 - x \\ge 0$, so $x \\le 5$. Also, the denominator cannot be equal to zero, so $5-x>0$, which gives $x<5$. "
-     "Therefore, the domain of the expression is $\\boxed{[2,5)}$.\nFinal Answer: The final answer is $[2,5)$. "
-     "I hope it is correct."),
-    ("If $\\det \\mathbf{A} = 2$ and $\\det \\mathbf{B} = 12,$ then find $\\det (\\mathbf{A} \\mathbf{B}).$",
-     "We have that $\\det (\\mathbf{A} \\mathbf{B}) = (\\det \\mathbf{A})(\\det \\mathbf{B}) = (2)(12) = "
-     "\\boxed{24}.$\nFinal Answer: The final answer is $24$. I hope it is correct."),
-    ("Terrell usually lifts two 20-pound weights 12 times. If he uses two 15-pound weights instead, how many times "
-     "must Terrell lift them in order to lift the same total weight?",
-     "If Terrell lifts two 20-pound weights 12 times, he lifts a total of $2\\cdot 12\\cdot20=480$ pounds of weight.  "
-     "If he lifts two 15-pound weights instead for $n$ times, he will lift a total of $2\\cdot15\\cdot n=30n$ pounds "
-     "of weight.  Equating this to 480 pounds, we can solve for $n$:\n\\begin{align*}\n30n&=480\\\\\n"
-     "\\Rightarrow\\qquad n&=480/30=\\boxed{16}\n\\end{align*}\nFinal Answer: The final answer is $16$. "
-     "I hope it is correct."),
-    ("If the system of equations\n\n\\begin{align*}\n6x-4y&=a,\\\\\n6y-9x &=b.\n\\end{align*}has a solution $(x, y)$ "
-     "where $x$ and $y$ are both nonzero, find $\\frac{a}{b},$ assuming $b$ is nonzero.",
-     "If we multiply the first equation by $-\\frac{3}{2}$, we obtain\n\n$$6y-9x=-\\frac{3}{2}a.$$Since we also know "
-     "that $6y-9x=b$, we have\n\n$$-\\frac{3}{2}a=b\\Rightarrow\\frac{a}{b}=\\boxed{-\\frac{2}{3}}.$$\n"
-     "Final Answer: The final answer is $-\\frac{2}{3}$. I hope it is correct."),
-]
 STOP_RE = {"gsm8k": re.compile(r"(^|\n)Q:"), "math": re.compile(r"(^|\n)Problem:")}
 
 
@@ -446,74 +416,71 @@ def summarize(args, model, records, meta=None):
 
 
 def print_table(args, rows, meta=None):
-    print(f"\n{args.task} results ({args.init}):")
-    if args.task == "loss":
-        print(f"{'r':>4} {'GFLOP/tok':>10} {'loss':>8} {'+-se':>7}  n batches")
-        for x in rows:
-            se = f"{x['loss_se']:.4f}" if x["loss_se"] is not None else "-"
-            print(f"{x['r']:>4} {x['flops_per_token'] / 1e9:>10.4f} {x['loss']:>8.4f} {se:>7}  {x['n']}")
-    elif args.task == "depth":
-        ks = sorted(rows[0]["by_k"], key=int)
-        print(f"accuracy +- se by steps k (rows) and r (columns); trained depth k <= {meta['train_max_k']}")
+    print(f"\n{args.task} results ({args.init}), +- one standard error:")
+    if args.task == "depth":
+        ks, kmax = sorted(rows[0]["by_k"], key=int), meta["train_max_k"]
+        print(f"accuracy by steps k (rows, * = beyond the trained depth {kmax}) and r (columns)")
         print("   k " + "".join(f"{'r=' + str(x['r']):>15}" for x in rows))
         for k in ks:
-            cells = "".join(f"{x['by_k'][k]['accuracy']:>8.3f}+-{x['by_k'][k]['se']:.3f}" for x in rows)
-            print(f"{k:>4}{'*' if int(k) > meta['train_max_k'] else ' '}{cells}")
-        print("(* beyond the trained depth)")
-    else:
-        strict = args.task == "gsm8k"
-        print(f"{'r':>4} {'GFLOP/tok':>10} {'accuracy':>16} " + (f"{'strict':>16} " if strict else "")
-              + f"{'tokens':>7} {'loops/tok':>9} {'n':>5}")
-        for x in rows:
-            print(f"{x['r']:>4} {x['flops_per_token'] / 1e9:>10.4f} {x['accuracy']:>8.4f} +- {x['se']:.4f} "
-                  + (f"{x['strict_accuracy']:>8.4f} +- {x['strict_se']:.4f} " if strict else "")
-                  + f"{x['mean_tokens']:>7.1f} {x['loops_per_token']:>9.2f} {x['n']:>5}")
+            print(f"{k:>4}{'*' if int(k) > kmax else ' '}"
+                  + "".join(f"{x['by_k'][k]['accuracy']:>8.3f}+-{x['by_k'][k]['se']:.3f}" for x in rows))
+        return
+    cols = [("loss", "loss", "loss_se")] if args.task == "loss" else [("accuracy", "accuracy", "se")]
+    cols += [("strict", "strict_accuracy", "strict_se")] if args.task == "gsm8k" else []
+    extra = [] if args.task == "loss" else [("tokens", "mean_tokens"), ("loops/tok", "loops_per_token")]
+    print(f"{'r':>4} {'GFLOP/tok':>10}" + "".join(f"{c[0]:>17}" for c in cols) + "".join(f"{e[0]:>10}" for e in extra)
+          + f"{'n':>7}")
+    for x in rows:
+        cells = "".join(f"{x[v]:>8.4f} +- {x[e] if x[e] is not None else float('nan'):.4f}" for _, v, e in cols)
+        print(f"{x['r']:>4} {x['flops_per_token'] / 1e9:>10.4f}{cells}" + "".join(f"{x[e[1]]:>10.2f}" for e in extra)
+              + f"{x['n']:>7}")
+
+
+def _r_axis(ax, rows):
+    ax.set_xscale("log", base=2)
+    ax.set(xticks=[x["r"] for x in rows], xticklabels=[x["r"] for x in rows], xlabel="test recurrence r")
 
 
 def plot(args, rows, out_dir):
+    """PNGs: accuracy (or loss) against r and against inference FLOPs per token; depth: (k, r) heatmap + lines."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
+    figs = []
     if args.task == "depth":
         ks = sorted(rows[0]["by_k"], key=int)
-        grid = np.array([[x["by_k"][k]["accuracy"] for x in rows] for k in ks])
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        im = axes[0].imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
-        axes[0].set(xticks=range(len(rows)), xticklabels=[x["r"] for x in rows], yticks=range(len(ks)),
-                    yticklabels=ks, xlabel="test recurrence r", ylabel="steps k", title="accuracy by (k, r)")
-        fig.colorbar(im, ax=axes[0])
+        fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, 4.2))
+        im = a0.imshow([[x["by_k"][k]["accuracy"] for x in rows] for k in ks], vmin=0, vmax=1, aspect="auto",
+                       origin="lower")
+        a0.set(xticks=range(len(rows)), xticklabels=[x["r"] for x in rows], yticks=range(len(ks)), yticklabels=ks,
+               xlabel="test recurrence r", ylabel="steps k", title="accuracy by (k, r)")
+        fig.colorbar(im, ax=a0)
         for k in ks:
-            axes[1].errorbar([x["r"] for x in rows], [x["by_k"][k]["accuracy"] for x in rows],
-                             yerr=[x["by_k"][k]["se"] for x in rows], marker="o", label=f"k={k}")
-        axes[1].set_xscale("log", base=2)
-        axes[1].set(xticks=[x["r"] for x in rows], xticklabels=[x["r"] for x in rows], ylim=(-0.02, 1.02),
-                    xlabel="test recurrence r", ylabel="accuracy", title="accuracy against r")
-        axes[1].legend(fontsize=7, ncol=2)
+            a1.errorbar([x["r"] for x in rows], [x["by_k"][k]["accuracy"] for x in rows],
+                        yerr=[x["by_k"][k]["se"] for x in rows], marker="o", label=f"k={k}")
+        _r_axis(a1, rows)
+        a1.set(ylim=(-0.02, 1.02), ylabel="accuracy", title=f"accuracy against r (trained k <= "
+               f"{args.train_max_k})")
+        a1.legend(fontsize=7, ncol=2)
+        figs.append((fig, "depth_accuracy.png"))
+    else:
+        key, se = ("loss", "loss_se") if args.task == "loss" else ("accuracy", "se")
+        for x_key in ("r", "flops_per_token"):
+            fig, ax = plt.subplots(figsize=(5.5, 4))
+            ax.errorbar([x[x_key] for x in rows], [x[key] for x in rows], yerr=[x[se] or 0 for x in rows],
+                        marker="o", capsize=3, label=Path(args.init).name)
+            _r_axis(ax, rows) if x_key == "r" else ax.set(xscale="log", xlabel="inference FLOPs per token")
+            if key == "accuracy":  # from 0, so small differences do not look like large ones
+                ax.set_ylim(0, max(0.05, 1.15 * max(x[key] + x[se] for x in rows)))
+            ax.set(ylabel=key, title=f"{args.task}: {key} against {'r' if x_key == 'r' else 'compute'}")
+            ax.legend()
+            figs.append((fig, f"{key}_vs_{'r' if x_key == 'r' else 'flops'}.png"))
+    for fig, name in figs:
         fig.tight_layout()
-        paths.append(out_dir / "depth_accuracy.png")
-        fig.savefig(paths[-1], dpi=120)
+        fig.savefig(out_dir / name, dpi=120)
         plt.close(fig)
-        return paths
-    key, se_key, label = ("loss", "loss_se", "loss") if args.task == "loss" else ("accuracy", "se", "accuracy")
-    for x_key, x_label, name in (("r", "test recurrence r", "vs_r"), ("flops_per_token", "inference FLOPs per token",
-                                                                       "vs_flops")):
-        fig, ax = plt.subplots(figsize=(5.5, 4))
-        ax.errorbar([x[x_key] for x in rows], [x[key] for x in rows], yerr=[x[se_key] or 0 for x in rows],
-                    marker="o", capsize=3, label=Path(args.init).name)
-        ax.set_xscale("log", base=2 if x_key == "r" else 10)
-        if x_key == "r":
-            ax.set(xticks=[x["r"] for x in rows], xticklabels=[x["r"] for x in rows])
-        if key == "accuracy":  # from 0, so small differences do not look like large ones
-            ax.set_ylim(0, max(0.05, 1.15 * max(x[key] + x[se_key] for x in rows)))
-        ax.set(xlabel=x_label, ylabel=label, title=f"{args.task}: {label} {name.replace('_', ' ')}")
-        ax.legend()
-        fig.tight_layout()
-        paths.append(out_dir / f"{key}_{name}.png")
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
-    return paths
+    return [out_dir / name for _, name in figs]
 
 
 def git_commit():
@@ -523,28 +490,37 @@ def git_commit():
         return None
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    print("config:", json.dumps(vars(args)))
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    from model import RecurrentGPT
-    try:
-        model = RecurrentGPT.from_pretrained(args.init, device=args.device).eval()
-    except (FileNotFoundError, ValueError) as e:
-        raise EvalError(str(e)) from None
-    meta, tok = None, None
+def run_task(args, model):
+    """records (one dict per problem, row or batch, per r) and the data's meta (depth, loss) or None."""
     if args.task in ("gsm8k", "math"):
         from tokenizer import load_tokenizer
         try:
             tok = load_tokenizer(args.init)
         except (FileNotFoundError, ValueError) as e:
             raise EvalError(f"no tokenizer in {args.init} ({e}): copy one there with tokenizer.save_tokenizer_files")
-        records = run_generation(args, model, tok)
-    elif args.task == "depth":
-        records, meta = run_depth(args, model)
-    else:
-        records, meta = run_loss(args, model)
+        return run_generation(args, model, tok), None
+    return run_depth(args, model) if args.task == "depth" else run_loss(args, model)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    print("config:", json.dumps(vars(args)))
+    torch.manual_seed(args.seed)
+    from model import RecurrentGPT
+    try:
+        model = RecurrentGPT.from_pretrained(args.init, device=args.device).eval()
+    except (FileNotFoundError, ValueError) as e:
+        raise EvalError(str(e)) from None
+    if not model.config.recurrent and args.r != [1]:
+        print("static-depth model: num_steps has no effect, evaluating once (r=1)")
+        args.r = [1]
+    if args.exit_criterion and (args.task not in ("gsm8k", "math") or not model.config.recurrent):
+        raise EvalError("--exit_criterion needs a recurrent model and a generation task (gsm8k, math)")
+    # one place decides the dtype: bf16 autocast on CUDA, plain fp32 on CPU
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if "cuda" in args.device else contextlib.nullcontext()
+    with amp:
+        records, meta = run_task(args, model)
+    args.train_max_k = (meta or {}).get("train_max_k")
     rows = summarize(args, model, records, meta)
     print_table(args, rows, meta)
 
@@ -554,7 +530,7 @@ def main(argv=None):
         for rec in records:
             f.write(json.dumps(rec) + "\n")
     summary = {"task": args.task, "results": rows, "config": vars(args), "model_config": model.config.__dict__,
-               "train_max_k": (meta or {}).get("train_max_k"), "git_commit": git_commit(),
+               "train_max_k": args.train_max_k, "git_commit": git_commit(),
                "torch": torch.__version__}
     with open(out_dir / "summary.json", "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, default=str)
