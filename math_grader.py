@@ -173,6 +173,8 @@ def strip_string(s):
     for deg in ("^{\\circ}", "^\\circ", "\\circ", "°", "\\degree", "\\%", "%", "\\$", "$"):
         s = s.replace(deg, "")
     # Hendrycks: "\text{ " (with a space) only introduces units on the right
+    # "2 \text{ and } 3", "2, and 3" -> "2,3" (Minerva's "\text{and}" -> ",")
+    s = re.sub(r"\s*,?\s*\\text\{\s*and\s*\}\s*|(?<=[\d}])\s*,?\s*and\s+(?=[-\d\\])", ",", s)
     i = s.find("\\text{ ", 1)
     while i > 0:
         end = _braced(s, i + 5)[1]
