@@ -26,6 +26,7 @@ import itertools
 import json
 import math
 import os
+import shlex
 import sys
 
 import matplotlib
@@ -353,6 +354,8 @@ def analyze_trajectory(model, tok, args):
             f"latent diff < {args.exit_latent:g}": iterations_needed(ld, args.exit_latent)}  # fmt: skip
     T, h = states.shape[1], states.shape[2]
     start = args.pca_start
+    if not 0 <= start < args.r:
+        raise AnalyzeError(f"--pca_start {start} must be in 0..{args.r - 1}")
     proj, evr, _ = pca(states[start:].transpose(0, 1).reshape(-1, h), args.n_pcs)
     proj = proj.reshape(T, args.r + 1 - start, -1)
     if len(seeds) > 1:  # compare the seeds at iteration r (the main run may have gone on to r_star)
@@ -360,7 +363,6 @@ def analyze_trajectory(model, tok, args):
         pi = path_independence([main_at_r] + others)
     else:
         pi = None
-    os.makedirs(args.out_dir, exist_ok=True)
     files = [os.path.join(args.out_dir, f) for f in ("distance_to_limit.png", "pca.png", "convergence.png")]
     plot_distance(rel.numpy(), labels, r_star, files[0])
     plot_pca(proj, evr, labels, start, files[1])
@@ -368,7 +370,7 @@ def analyze_trajectory(model, tok, args):
     if pi is not None:
         files.append(os.path.join(args.out_dir, "path_independence.png"))
         plot_path_independence(pi, seeds, files[-1])
-    result = {
+    return {
         "token_ids": ids, "tokens": labels, "r": args.r, "r_star": r_star, "seeds": seeds,
         "dist_to_limit": dist.tolist(), "rel_dist_to_limit": rel.tolist(), "state_norm": states.norm(dim=-1).T.tolist(),
         "kl_consecutive": kl.T.tolist(), "latent_diff": ld.T.tolist(),
@@ -378,7 +380,6 @@ def analyze_trajectory(model, tok, args):
         "path_independence": None if pi is None else {k: v.tolist() for k, v in pi.items()},
         "files": files,
     }  # fmt: skip
-    return result
 
 
 def analyze_layers(args):
@@ -410,9 +411,8 @@ def analyze_layers(args):
     order = model.config.layers["prelude"] + model.config.layers["core"] + model.config.layers["coda"]
     if order != list(range(len(bi))):
         raise AnalyzeError(f"retrofit(static=True) kept layers {order}, expected all of 0..{len(bi) - 1}")
-    name = "_".join(map(str, shape))
-    command = f"python surgery.py --init={args.layers_of} --layers {split['spec']} --out out/{os.path.basename(args.layers_of.rstrip('/'))}_{name}"
-    os.makedirs(args.out_dir, exist_ok=True)
+    out = f"out/{os.path.basename(args.layers_of.rstrip('/'))}_{'_'.join(map(str, shape))}"
+    command = f"python surgery.py --init={shlex.quote(args.layers_of)} --layers {split['spec']} --out {shlex.quote(out)}"
     png = os.path.join(args.out_dir, "layers.png")
     plot_layers(bi, D, split, png)
     D_json = [[None if np.isnan(v) else float(v) for v in row] for row in D]
@@ -435,11 +435,9 @@ def parse_shape(s):
 
 
 def parse_bool(s):
-    if s.lower() in ("1", "true", "yes"):
-        return True
-    if s.lower() in ("0", "false", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
+    if s.lower() not in ("1", "true", "yes", "0", "false", "no"):
+        raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
+    return s.lower() in ("1", "true", "yes")
 
 
 def get_args(argv=None):
@@ -490,6 +488,7 @@ def main(argv=None):
         return 1
     try:
         report = {"config": vars(args)}
+        os.makedirs(args.out_dir, exist_ok=True)
         if args.init:
             from tokenizer import load_tokenizer
 
@@ -503,7 +502,6 @@ def main(argv=None):
             report["trajectory"] = traj
         if args.layers_of:
             report["layers"] = analyze_layers(args)
-        os.makedirs(args.out_dir, exist_ok=True)
         path = os.path.join(args.out_dir, "analyze.json")
         with open(path + ".tmp", "w") as f:
             json.dump(report, f)
