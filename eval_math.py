@@ -420,10 +420,13 @@ def print_table(args, rows, meta=None):
     if args.task == "depth":
         ks, kmax = sorted(rows[0]["by_k"], key=int), meta["train_max_k"]
         print(f"accuracy by steps k (rows, * = beyond the trained depth {kmax}) and r (columns)")
-        print("   k " + "".join(f"{'r=' + str(x['r']):>15}" for x in rows))
+        print("     k" + "".join(f"{'r=' + str(x['r']):>15}" for x in rows))
         for k in ks:
-            print(f"{k:>4}{'*' if int(k) > kmax else ' '}"
+            print(f"{k:>5}{'*' if int(k) > kmax else ' '}"
                   + "".join(f"{x['by_k'][k]['accuracy']:>8.3f}+-{x['by_k'][k]['se']:.3f}" for x in rows))
+        for name in ("seen", "beyond"):  # (labels of one row are correlated: the se here is a lower bound)
+            print(f"{name:>6}" + "".join(f"{x[f'accuracy_{name}_depth']:>8.3f}+-{x[f'se_{name}_depth']:.3f}"
+                                         for x in rows))
         return
     cols = [("loss", "loss", "loss_se")] if args.task == "loss" else [("accuracy", "accuracy", "se")]
     cols += [("strict", "strict_accuracy", "strict_se")] if args.task == "gsm8k" else []

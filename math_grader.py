@@ -172,9 +172,9 @@ def strip_string(s):
     # degrees and percent carry no value (MATH writes 90^\circ for an angle of 90)
     for deg in ("^{\\circ}", "^\\circ", "\\circ", "°", "\\degree", "\\%", "%", "\\$", "$"):
         s = s.replace(deg, "")
-    # Hendrycks: "\text{ " (with a space) only introduces units on the right
     # "2 \text{ and } 3", "2, and 3" -> "2,3" (Minerva's "\text{and}" -> ",")
     s = re.sub(r"\s*,?\s*\\text\{\s*and\s*\}\s*|(?<=[\d}])\s*,?\s*and\s+(?=[-\d\\])", ",", s)
+    # Hendrycks: "\text{ " (with a space) only introduces units on the right
     i = s.find("\\text{ ", 1)
     while i > 0:
         end = _braced(s, i + 5)[1]
