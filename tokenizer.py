@@ -74,7 +74,7 @@ LLAMA3_SPECIALS += [f"<|reserved_special_token_{i}|>" for i in range(3, 3 + 256 
 
 def bytes_to_unicode():
     """GPT-2's byte -> printable char table, how byte-level vocabularies write bytes in tokenizer.json / GGUF."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -409,7 +409,8 @@ def gguf_tokenizer_files(path):
                          "(gpt2) GGUF vocabularies are supported")
     pre = field("tokenizer.ggml.pre", "default")
     if pre not in GGUF_PRETOKENIZERS:
-        raise ValueError(f"{path}: GGUF pre-tokenizer {pre!r} is not in GGUF_PRETOKENIZERS ({list(GGUF_PRETOKENIZERS)})")
+        raise ValueError(f"{path}: GGUF pre-tokenizer {pre!r} is not in GGUF_PRETOKENIZERS "
+                         f"({', '.join(GGUF_PRETOKENIZERS)})")
     tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type")
     merges = [m.split(" ") for m in field("tokenizer.ggml.merges")]
     # token types (llama.cpp): 3 = control (special), 4 = user-defined; both are matched as whole strings

@@ -56,7 +56,8 @@ def random_strings(n, seed):
         parts = []
         for _ in range(rng.randint(1, 30)):
             pool = rng.choice(POOLS)
-            parts.append(pool if pool in SPECIALS or rng.random() < 0.3 else "".join(rng.choice(pool) for _ in range(rng.randint(1, 6))))
+            whole = pool in SPECIALS or rng.random() < 0.3
+            parts.append(pool if whole else "".join(rng.choice(pool) for _ in range(rng.randint(1, 6))))
         out.append("".join(parts))
     return out
 
