@@ -377,6 +377,30 @@ class RecurrentGPT(nn.Module):
         write_json_atomic(os.path.join(out_dir, "config.json"), cfg)
 
     @classmethod
+    def from_state_dict(cls, config, sd, device="cpu"):
+        """Build the model around existing weights (our names; a tied head may be left out). Built on the
+        meta device and filled by assignment: no random init runs and no second copy is made, which
+        matters for Huginn-0125's 3.5B parameters."""
+        with torch.device("meta"):
+            model = cls(config)
+        sd = dict(sd)
+        if config.tie_embeddings:
+            sd.pop("lm_head.weight", None)
+        expected = set(model.state_dict()) - ({"lm_head.weight"} if config.tie_embeddings else set())
+        missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected)
+        if missing or unexpected:
+            raise ValueError(f"weights do not match the config: missing {missing[:4]}, unexpected {unexpected[:4]}")
+        try:
+            model.load_state_dict(sd, strict=False, assign=True)
+        except RuntimeError as err:  # shape mismatches
+            raise ValueError(f"weights do not match the config: {str(err).strip().splitlines()[-1].strip()}") from None
+        if config.tie_embeddings:  # assignment gives each name its own Parameter: tie them again
+            model.lm_head.weight = model.embed_tokens.weight
+        # the non-persistent RoPE buffer is in no state dict: compute it for real
+        model.register_buffer("inv_freq", rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling), persistent=False)
+        return model.to(device)
+
+    @classmethod
     def from_pretrained(cls, path, device="cpu", **overrides):
         """Load a directory written by surgery.py or train.py (or a published raven checkpoint).
         Keyword overrides replace config fields, e.g. state_init="zero"."""
@@ -393,17 +417,14 @@ class RecurrentGPT(nn.Module):
 
             return load_raven(path, device=device, **overrides)
         config = config_from_dict(cfg, **overrides)
-        model = cls(config)
         try:
-            sd = load_file(os.path.join(path, "model.safetensors"), device=str(device))
+            sd = load_file(os.path.join(path, "model.safetensors"))
         except (FileNotFoundError, SafetensorError, OSError) as err:
             raise ValueError(f"cannot read {path}/model.safetensors ({err}): rerun surgery.py or restore it") from None
-        if config.tie_embeddings:
-            sd["lm_head.weight"] = sd["embed_tokens.weight"]
-        missing, unexpected = model.load_state_dict(sd, strict=False)
-        if missing or unexpected:
-            raise ValueError(f"{path}/model.safetensors does not match its config: missing {missing}, unexpected {unexpected}")
-        return model.to(device)
+        try:
+            return cls.from_state_dict(config, sd, device)
+        except ValueError as err:
+            raise ValueError(f"{path}/model.safetensors: {err}") from None
 
 
 def config_from_dict(cfg, **overrides):

@@ -35,7 +35,7 @@ import sys
 
 import torch
 
-from model import RecurrentConfig, RecurrentGPT, rope_inv_freq, write_json_atomic
+from model import RecurrentConfig, RecurrentGPT, write_json_atomic
 from tokenizer import TOKENIZER_FILES
 
 
@@ -256,20 +256,10 @@ def load_raven(path, device="cpu", **overrides):
     variant = raven_variant(cfg, sd)
     config = config_from_raven(cfg, variant, source=os.path.abspath(path), **overrides)
     ours = state_dict_from_raven(sd, config, variant)
-    # built on the meta device and filled by assignment: a random init of Huginn's 3.5B weights would
-    # take minutes and a second copy of the model in memory, and the checkpoint sets every tensor anyway
-    with torch.device("meta"):
-        model = RecurrentGPT(config)
     try:
-        model.load_state_dict(ours, strict=True, assign=True)
-    except RuntimeError as err:
-        first = str(err).strip().splitlines()[1:2] or [str(err)]
-        raise RavenError(f"raven weights do not fit the mapped config: {first[0].strip()}") from None
-    if config.tie_embeddings:  # assignment gives each name its own Parameter: tie them again
-        model.lm_head.weight = model.embed_tokens.weight
-    # the non-persistent RoPE buffer is not in any state dict: compute it for real
-    model.register_buffer("inv_freq", rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling), persistent=False)
-    return model.to(device)
+        return RecurrentGPT.from_state_dict(config, ours, device)
+    except ValueError as err:
+        raise RavenError(f"raven weights do not fit the mapped config: {err}") from None
 
 
 # -----------------------------------------------------------------------------
