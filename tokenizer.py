@@ -212,7 +212,8 @@ class BPETokenizer(_Base):
         self._added_re = re.compile("|".join(alts)) if alts else None
         self.bos_id = self.token_to_id(bos_token)
         self.eos_id = self.token_to_id(eos_token)
-        h = hashlib.sha256(json.dumps({"pattern": pattern, "normalizer": normalizer,
+        # (the "extra" key is kept so fingerprints of data already prepared stay valid)
+        h = hashlib.sha256(json.dumps({"pattern": pattern, "normalizer": normalizer, "extra": None,
                                        "added": sorted(self.added.items(), key=lambda kv: kv[1])}).encode())
         for b in self._id_bytes:
             h.update(len(b).to_bytes(4, "little") + b)

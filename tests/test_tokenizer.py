@@ -127,6 +127,7 @@ def test_smollm2_gguf_matches_transformers(tmp_path):
     gguf = smollm2_gguf()
     ours = load_tokenizer(gguf)
     assert (ours.vocab_size, ours.bos_id, ours.eos_id) == (49152, 1, 2)
+    assert ours.fingerprint == "e14dd8c7f0f8654b"  # pinned: prepared data sets (data/*/meta.json) record it
     assert ours.encode("<|im_end|>") == [2]
     assert_every_token_reachable(gguf_tokenizer_files(gguf)[0])
     ref = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
