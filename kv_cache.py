@@ -28,7 +28,11 @@ class KVCache:
     - `fill_exited(rows, n)`: a token that exited after n < n_slots iterations never wrote slots
       n..N-1; they get its last entry (iteration n-1). So a later token at iteration i always reads
       the latest entry the earlier token has for slot i mod N, else the latest it has at all.
-    With n_slots >= r this is "use the latest available iteration" of an exited token."""
+    With n_slots >= r this is "use the latest available iteration" of an exited token.
+    A pass over several new tokens (prefill, a speculative verify) writes iteration i of all of them
+    before any reads it, so with n_slots < r they see each other's iteration-i entries, where
+    token-by-token decoding would read the latest entry of that slot: with a budget, prefill and
+    decoding differ slightly (as in Huginn's code); with n_slots >= r they agree exactly."""
 
     def __init__(self, config, batch_size, max_len, n_slots, device="cpu", dtype=torch.float32):
         if n_slots < 1:

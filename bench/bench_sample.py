@@ -147,7 +147,7 @@ def section_depth(args):
     log(f"3. depth task ({args.depth_ckpt}, {len(ids)} val rows, k up to {meta.get('test_max_k')}): "
         f"teacher-forced, one token per decode step, r_max = {r_max}")
     log("   mode                      accuracy   mean loops/token")
-    for r in sorted({1, 2, 4, 8, r_max} - {x for x in (1, 2, 4, 8) if x > r_max}):
+    for r in sorted({x for x in (1, 2, 4, 8) if x < r_max} | {r_max}):
         acc, n = depth_eval(model, ids, targets, r, None, args.batch_size, args.seed)
         log(f"   fixed r={r:<17d} {acc:8.3f}   {n:8.2f}")
         if r == r_max:
@@ -163,20 +163,32 @@ def section_depth(args):
 def section_budget(args, ids):
     from surgery import retrofit
 
-    model, _ = retrofit("smollm2", shape=(4, 6, 4), state_init="zero")
+    from surgery import load_model
+
+    if args.budget_init:
+        model, _ = load_model(args.budget_init, state_init="zero")
+        name = args.budget_init
+    else:  # with the identity adapter every iteration computes the same thing and a budget changes
+        # nothing; (1/sqrt 2)[I | I] makes the state matter (untrained: the text itself is poor)
+        model, _ = retrofit("smollm2", shape=(4, 6, 4), state_init="zero", adapter_init="sum")
+        name = "SmolLM2 retrofit (4,6,4), adapter (1/sqrt2)[I|I], untrained"
     r = args.budget_r
-    log(f"4. KV budget at r={r}, SmolLM2 retrofit (4,6,4), prompt {len(ids)} + {args.n_new} new tokens, greedy")
-    log("   budget   KV cache MiB   tok/s   greedy tokens equal to the full cache")
+    log(f"4. KV budget at r={r}, {name}, prompt {len(ids)} + {args.n_new} new tokens, greedy")
+    log("   budget   KV cache MiB   core KV MiB   tok/s   greedy tokens equal to the full cache")
     full = None
     for budget in [None] + [b for b in (8, 4, 2, 1) if b < r]:
         stats = {}
-        t0 = time.perf_counter()
-        toks = generate(model, [ids], max_new_tokens=args.n_new, num_steps=r, kv_budget=budget, stats=stats)[0].tokens
-        rate = stats["decode_tokens"] / stats["decode_s"]
+
+        def run(n):
+            return generate(model, [ids], max_new_tokens=n, num_steps=r, kv_budget=budget, stats=stats)[0].tokens
+
+        rate, toks = decode_rate(run, args.n_new, args.repeats)
         full = toks if budget is None else full
         agree = next((i for i, (a, b) in enumerate(zip(toks, full)) if a != b), len(toks))
-        log(f"   {str(budget or r):<8s} {stats['kv_bytes'] / 2**20:12.2f}   {rate:5.1f}   first {agree}/{len(toks)}"
-            f"   ({time.perf_counter() - t0:.0f}s)")
+        c, slots = model.config, min(budget or r, r)
+        core = 2 * c.n_core * slots * c.n_kv_head * (len(ids) + args.n_new) * c.head_dim * 4
+        log(f"   {str(budget or r):<8s} {stats['kv_bytes'] / 2**20:12.2f}   {core / 2**20:11.2f}   {rate:5.1f}"
+            f"   first {agree}/{len(toks)}")
     log()
 
 
@@ -187,6 +199,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=2, help="timings per figure (the best is kept)")
     p.add_argument("--r", default="1,2,4,8,16", help="section 2: the r values")
     p.add_argument("--budget_r", type=int, default=16, help="section 4: r")
+    p.add_argument("--budget_init", default=None, help="section 4: a trained checkpoint (default: an untrained retrofit)")
     p.add_argument("--depth_ckpt", default=None, help="section 3: a checkpoint trained on the depth task")
     p.add_argument("--depth_data", default="data/depth", help="section 3: the prepared depth data dir")
     p.add_argument("--depth_rows", type=int, default=256, help="section 3: val rows used")
