@@ -5,7 +5,9 @@ meta.json) written by data/<set>/prepare.py and read by train.py and the eval sc
 Format (see notes in each prepare.py):
   DIR/train.bin, DIR/val.bin   flat token ids, dtype meta["dtype"] ("uint16" | "uint32")
   DIR/meta.json                tokenizer fingerprint, vocab_size, dtype, token/document counts,
-                               bos_id, eos_id, and meta["targets"] / meta["steps"] flags
+                               bos_id, eos_id, separator ("bos" | "eos": the document
+                               separator goes before | after each document, see separator())
+                               and separator_id, and meta["targets"] / meta["steps"] flags
   DIR/{split}_targets.bin      (only when meta["targets"]) int32 label of the prediction made
                                AT each position, -1 = ignore; the files are then whole rows of
                                meta["seq_len"] tokens
@@ -226,22 +228,45 @@ def get_tokenizer(spec):
         raise DataError(f"--tokenizer {spec}: {e}") from None
 
 
-def separator(tok):
-    """How documents are delimited, the way the parent model saw them.
+ENDOFTEXT = "<|endoftext|>"
 
-    BOS before each document when the tokenizer has a BOS distinct from EOS (Llama-style),
-    otherwise EOS after each (GPT-2 style <|endoftext|> separators).
+
+def _token_id(tok, token):
+    """Id of token in tok's vocabulary, or None when it is not one token there."""
+    try:
+        return tok.token_to_id(token)
+    except ValueError:
+        return None
+
+
+def separator(tok):
+    """(kind, id): how documents are delimited, the way the parent saw them in pretraining.
+
+    The separator is the parent's pretraining document boundary, not its chat tokens. In order:
+      1. the vocabulary has <|endoftext|>: ("eos", its id), appended after each document.
+         SmolLM2, Qwen2.5 and OLMo-2 (and GPT-2) were pretrained on documents ending in
+         <|endoftext|>; their tokenizer's BOS/EOS may be chat tokens (SmolLM2-Instruct:
+         BOS <|im_start|>, EOS <|im_end|>) that never delimited pretraining documents.
+      2. a BOS distinct from EOS: ("bos", bos_id) before each document (Llama-3's
+         <|begin_of_text|>, TinyLlama's <s>).
+      3. otherwise ("eos", eos_id) after each document.
     """
+    eot = _token_id(tok, ENDOFTEXT)
+    if eot is not None:
+        return "eos", eot
     if tok.bos_id is not None and tok.bos_id != tok.eos_id:
-        return "bos"
+        return "bos", tok.bos_id
     if tok.eos_id is not None:
-        return "eos"
-    raise DataError("the tokenizer has neither a BOS nor an EOS token to separate documents")
+        return "eos", tok.eos_id
+    raise DataError("the tokenizer has neither <|endoftext|>, a BOS nor an EOS token to separate "
+                    "documents")
 
 
 def encode_doc(tok, text, sep):
+    """ids of one document with its separator; sep = separator(tok)."""
+    kind, sep_id = sep
     ids = tok.encode(text)
-    return [tok.bos_id] + ids if sep == "bos" else ids + [tok.eos_id]
+    return [sep_id] + ids if kind == "bos" else ids + [sep_id]
 
 
 def write_text_dataset(docs, tok, out_dir, *, val_frac, meta_extra, total=None, desc="tokenizing"):
@@ -289,7 +314,8 @@ def write_text_dataset(docs, tok, out_dir, *, val_frac, meta_extra, total=None, 
     meta.update({
         "fingerprint": tok.fingerprint, "vocab_size": tok.vocab_size,
         "dtype": np.dtype(dtype).name, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
-        "separator": sep, "val_frac": val_frac, "targets": False, "steps": False,
+        "separator": sep[0], "separator_id": sep[1], "val_frac": val_frac,
+        "targets": False, "steps": False,
         "train_tokens": writers["train"].count, "val_tokens": writers["val"].count,
         "train_docs": ndocs["train"], "val_docs": ndocs["val"], "skipped_empty_docs": skipped,
     })

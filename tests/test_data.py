@@ -7,6 +7,7 @@ and the clear offline failures of the hub scripts.
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -225,11 +226,67 @@ def smol_dir(tmp_path_factory):
     return out
 
 
-def split_docs(ids, bos_id):
-    """Documents of a BOS-separated stream (each starts with BOS)."""
-    starts = np.flatnonzero(ids == bos_id).tolist()
-    assert starts and starts[0] == 0
-    return [ids[a + 1:b].tolist() for a, b in zip(starts, starts[1:] + [len(ids)])]
+def tokenizer_variant(smol_dir, out, bos_token, eos_token):
+    """SmolLM2's tokenizer with <|endoftext|> (id 0) renamed <|begin_of_text|> and the given
+    bos/eos: a vocabulary without <|endoftext|>, like Llama-3's (BOS <|begin_of_text|>)."""
+    out.mkdir()
+    for f in smol_dir.iterdir():  # every mention: added_tokens, vocab, unk_token, the maps
+        (out / f.name).write_text(f.read_text(encoding="utf-8").replace(
+            "<|endoftext|>", "<|begin_of_text|>"), encoding="utf-8")
+    cfg = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    cfg["bos_token"], cfg["eos_token"] = bos_token, eos_token
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def llama_dir(smol_dir, tmp_path_factory):
+    """No <|endoftext|>, BOS <|begin_of_text|> (id 0) distinct from EOS <|im_end|> (id 2)."""
+    return tokenizer_variant(smol_dir, tmp_path_factory.mktemp("llamaish") / "tok",
+                             "<|begin_of_text|>", "<|im_end|>")
+
+
+def split_docs(ids, sep):
+    """Documents of a stream separated by sep = (kind, id): each starts with the BOS or ends
+    with the EOS, and the separator id occurs nowhere else."""
+    kind, sep_id = sep
+    ids = np.asarray(ids)
+    marks = np.flatnonzero(ids == sep_id).tolist()
+    if kind == "bos":
+        assert marks and marks[0] == 0
+        return [ids[a + 1:b].tolist() for a, b in zip(marks, marks[1:] + [len(ids)])]
+    assert marks and marks[-1] == len(ids) - 1
+    return [ids[a + 1:b].tolist() for a, b in zip([-1] + marks[:-1], marks)]
+
+
+def test_separator_rule(smol_dir, llama_dir, tmp_path):
+    from tokenizers import Tokenizer
+
+    from data.common import separator
+    from tokenizer import load_tokenizer
+
+    # SmolLM2 was pretrained on documents ending in <|endoftext|> (id 0); its BOS/EOS are the
+    # chat tokens <|im_start|>/<|im_end|> (1, 2), which must not delimit plain text
+    smol = load_tokenizer(smol_dir)
+    assert (smol.bos_id, smol.eos_id) == (1, 2)
+    ref = Tokenizer.from_file(str(smol_dir / "tokenizer.json"))
+    assert ref.token_to_id("<|endoftext|>") == 0
+    assert separator(smol) == ("eos", 0)
+    # no <|endoftext|> and a distinct BOS (Llama-3, TinyLlama): BOS before each document
+    llama = load_tokenizer(llama_dir)
+    ref = Tokenizer.from_file(str(llama_dir / "tokenizer.json"))
+    assert ref.token_to_id("<|endoftext|>") is None and ref.token_to_id("<|begin_of_text|>") == 0
+    assert (llama.bos_id, llama.eos_id) == (0, 2) and separator(llama) == ("bos", 0)
+    # no <|endoftext|>, no BOS: the EOS after each document
+    no_bos = load_tokenizer(tokenizer_variant(smol_dir, tmp_path / "nobos", None, "<|im_end|>"))
+    assert no_bos.bos_id is None and separator(no_bos) == ("eos", 2)
+    # BOS == EOS counts as no distinct BOS
+    same = load_tokenizer(tokenizer_variant(smol_dir, tmp_path / "same", "<|im_end|>",
+                                            "<|im_end|>"))
+    assert separator(same) == ("eos", 2)
+    bare = load_tokenizer(tokenizer_variant(smol_dir, tmp_path / "bare", None, None))
+    with pytest.raises(DataError, match=re.escape("neither <|endoftext|>, a BOS nor an EOS")):
+        separator(bare)
 
 
 def test_sotu_end_to_end(tmp_path, smol_dir):
@@ -245,7 +302,8 @@ def test_sotu_end_to_end(tmp_path, smol_dir):
     tok = load_tokenizer(smol_dir)
     meta = load_meta(tmp_path)
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == 49152  # 49152 ids fit in 16 bits
-    assert meta["fingerprint"] == tok.fingerprint and meta["separator"] == "bos"
+    assert meta["fingerprint"] == tok.fingerprint
+    assert (meta["separator"], meta["separator_id"]) == ("eos", 0)  # <|endoftext|> after each
     assert (meta["bos_id"], meta["eos_id"]) == (tok.bos_id, tok.eos_id) == (1, 2)
     assert (meta["train_docs"], meta["val_docs"]) == (38, 2) and not meta["targets"]
     fileids = [f for f in sotu.metadata().query("is_sotu")["fileid"]][:40]
@@ -255,9 +313,10 @@ def test_sotu_end_to_end(tmp_path, smol_dir):
         ids, targets, steps = open_split(tmp_path, split)
         assert targets is None and steps is None and ids.dtype == np.uint16
         assert (tmp_path / f"{split}.bin").stat().st_size == 2 * meta[f"{split}_tokens"]
-        docs = split_docs(np.asarray(ids), tok.bos_id)
+        assert not np.isin(ids, [1, 2]).any()  # no chat token (<|im_start|>, <|im_end|>) in text
+        docs = split_docs(ids, ("eos", 0))
         assert len(docs) == len(names)
-        for doc, name in zip(docs, names):  # BOS + the speech, nothing else, in order
+        for doc, name in zip(docs, names):  # the speech + <|endoftext|>, nothing else, in order
             assert tok.decode(doc) == sotu.raw(name)
     # the short name resolves (hub.py) to the same offline SmolLM2 vocabulary
     r = run_script("data/sotu/prepare.py", "--tokenizer", "smollm2", "--out_dir", tmp_path / "n",
@@ -265,14 +324,14 @@ def test_sotu_end_to_end(tmp_path, smol_dir):
     assert r.returncode == 0, r.stderr
     assert load_meta(tmp_path / "n")["fingerprint"] == tok.fingerprint
     assert (tmp_path / "n" / "val.bin").read_bytes() == np.asarray(
-        [tok.bos_id] + tok.encode(sotu.raw(fileids[19])), dtype=np.uint16).tobytes()
+        tok.encode(sotu.raw(fileids[19])) + [0], dtype=np.uint16).tobytes()
     # the ids are what the reference implementation (HF tokenizers) gives for that text
     ref = Tokenizer.from_file(str(smol_dir / "tokenizer.json"))
-    first = split_docs(np.asarray(open_split(tmp_path, "train")[0]), tok.bos_id)[0]
+    first = split_docs(open_split(tmp_path, "train")[0], ("eos", 0))[0]
     assert first == ref.encode(sotu.raw(fileids[0]), add_special_tokens=False).ids
 
 
-def test_local_end_to_end_both_separators(tmp_path, smol_dir):
+def test_local_end_to_end_both_separators(tmp_path, smol_dir, llama_dir):
     from tokenizer import load_tokenizer
 
     src = tmp_path / "texts"
@@ -285,31 +344,28 @@ def test_local_end_to_end_both_separators(tmp_path, smol_dir):
     (src / "ignored.csv").write_text("not a document")
     docs = texts + rows  # sorted paths: a.txt, b.txt, sub/c.jsonl; doc 4 goes to val at f=0.2
 
+    # SmolLM2: <|endoftext|> (id 0) after each document, as in its pretraining
     r = run_script("data/local/prepare.py", "--input", src, "--tokenizer", smol_dir,
-                   "--out_dir", tmp_path / "bos", "--text_field", "body", "--val_frac", 0.2)
-    assert r.returncode == 0, r.stderr
-    tok = load_tokenizer(smol_dir)
-    got = split_docs(np.asarray(open_split(tmp_path / "bos", "train")[0]), tok.bos_id)
-    assert [tok.decode(d) for d in got] == docs[:4]
-    got = split_docs(np.asarray(open_split(tmp_path / "bos", "val")[0]), tok.bos_id)
-    assert [tok.decode(d) for d in got] == docs[4:]
-
-    # a GPT-2 style tokenizer (BOS == EOS == <|endoftext|>) gets EOS after each document instead
-    gpt2ish = tmp_path / "gpt2ish"
-    gpt2ish.mkdir()
-    for f in smol_dir.iterdir():
-        (gpt2ish / f.name).write_bytes(f.read_bytes())
-    cfg = json.loads((gpt2ish / "tokenizer_config.json").read_text())
-    cfg["bos_token"] = cfg["eos_token"] = "<|endoftext|>"
-    (gpt2ish / "tokenizer_config.json").write_text(json.dumps(cfg))
-    r = run_script("data/local/prepare.py", "--input", src, "--tokenizer", gpt2ish,
                    "--out_dir", tmp_path / "eos", "--text_field", "body", "--val_frac", 0.2)
     assert r.returncode == 0, r.stderr
+    tok = load_tokenizer(smol_dir)
     meta = load_meta(tmp_path / "eos")
-    assert meta["separator"] == "eos" and meta["eos_id"] == 0 == meta["bos_id"]
+    assert (meta["separator"], meta["separator_id"], meta["eos_id"]) == ("eos", 0, 2)
     ids = np.asarray(open_split(tmp_path / "eos", "train")[0])
-    assert ids[-1] == 0 and (ids == 0).sum() == 4
     assert ids.tolist() == sum((tok.encode(d) + [0] for d in docs[:4]), [])
+    got = split_docs(open_split(tmp_path / "eos", "val")[0], ("eos", 0))
+    assert [tok.decode(d) for d in got] == docs[4:]
+
+    # a Llama-style vocabulary (no <|endoftext|>, BOS distinct from EOS): BOS before each
+    r = run_script("data/local/prepare.py", "--input", src, "--tokenizer", llama_dir,
+                   "--out_dir", tmp_path / "bos", "--text_field", "body", "--val_frac", 0.2)
+    assert r.returncode == 0, r.stderr
+    meta = load_meta(tmp_path / "bos")
+    assert (meta["separator"], meta["separator_id"], meta["bos_id"]) == ("bos", 0, 0)
+    ids = np.asarray(open_split(tmp_path / "bos", "train")[0])
+    assert ids.tolist() == sum(([0] + tok.encode(d) for d in docs[:4]), [])
+    got = split_docs(open_split(tmp_path / "bos", "val")[0], ("bos", 0))
+    assert [tok.decode(d) for d in got] == docs[4:]
 
     # bad input: one line, no traceback
     (src / "sub" / "c.jsonl").write_text('{"body": "ok"}\n{"body": \n')
@@ -322,47 +378,64 @@ def test_local_end_to_end_both_separators(tmp_path, smol_dir):
     assert not list((tmp_path / "bad").glob("*.tmp"))  # half-written files are removed
 
 
-def test_gsm8k_answer_only_mask(tmp_path, smol_dir):
-    from tokenizer import load_tokenizer
-
-    jsonl = SHARED / "data" / "gsm8k" / "train.jsonl"
-    if not jsonl.is_file():
-        pytest.skip(f"{jsonl} missing")
-    r = run_script("data/gsm8k/prepare.py", "--jsonl", jsonl, "--tokenizer", smol_dir,
-                   "--out_dir", tmp_path / "mask", "--limit", 200, "--answer_only",
-                   "--seq_len", 320)
-    assert r.returncode == 0, r.stderr
-    tok = load_tokenizer(smol_dir)
-    meta = load_meta(tmp_path / "mask")
-    assert meta["targets"] and meta["seq_len"] == 320 and meta["answer_only"]
-    problems = [json.loads(line) for line in jsonl.read_text().splitlines()[:200]]
-    # a row is BOS + prompt + answer + EOS; problems longer than seq_len are dropped, not cut
-    fits = [2 + len(tok.encode(f"Q: {p['question']}\nA: Let's think step by step.")) +
-            len(tok.encode(" " + p["answer"])) <= 320 for p in problems]
-    assert meta["dropped_too_long"] == fits.count(False) > 0
+def check_answer_only_rows(data_dir, tok, problems, head, seq_len):
+    """Rows are head + prompt + answer + EOS + EOS padding, labels on the answer and the EOS;
+    problems longer than seq_len are dropped, not cut. Returns meta."""
+    meta = load_meta(data_dir)
+    assert meta["targets"] and meta["seq_len"] == seq_len and meta["answer_only"]
+    fits = [len(head) + len(tok.encode(f"Q: {p['question']}\nA: Let's think step by step.")) +
+            len(tok.encode(" " + p["answer"])) + 1 <= seq_len for p in problems]
+    assert meta["dropped_too_long"] == fits.count(False)
     train_problems = [p for i, p in enumerate(problems) if fits[i] and not is_val_doc(i, 0.05)]
-    assert meta["val_docs"] == sum(fits[i] for i in range(19, 200, 20))  # every 20th problem
-    ids, targets, steps = open_split(tmp_path / "mask", "train")
+    assert meta["val_docs"] == sum(fits[i] for i in range(19, len(problems), 20))  # every 20th
+    ids, targets, steps = open_split(data_dir, "train")
     assert steps is None and targets.dtype == np.int32 and len(targets) == len(ids)
-    ids, targets = np.asarray(ids).reshape(-1, 320), np.asarray(targets).reshape(-1, 320)
+    ids = np.asarray(ids).reshape(-1, seq_len)
+    targets = np.asarray(targets).reshape(-1, seq_len)
     assert len(ids) == meta["train_docs"] == len(train_problems)
     for row, tgt, p in zip(ids, targets, train_problems):
         lab = np.flatnonzero(tgt != -1)
         assert (np.diff(lab) == 1).all()  # one contiguous labelled span: the answer
         assert (tgt[lab] == row[lab + 1]).all()  # label at t is the token at t+1
-        assert row[0] == tok.bos_id and tgt[lab[-1]] == tok.eos_id  # trained to stop
-        prompt, answer = row[1:lab[0] + 1].tolist(), row[lab[0] + 1:lab[-1] + 1].tolist()
+        assert row[:len(head)].tolist() == head and tgt[lab[-1]] == tok.eos_id  # trained to stop
+        prompt, answer = row[len(head):lab[0] + 1].tolist(), row[lab[0] + 1:lab[-1] + 1].tolist()
         assert tok.decode(prompt) == f"Q: {p['question']}\nA: Let's think step by step."
         assert tok.decode(answer) == " " + p["answer"]  # only answer tokens are labelled
         assert (row[lab[-1] + 1:] == tok.eos_id).all()  # padding, never a target
+    return meta
+
+
+def test_gsm8k_answer_only_mask(tmp_path, smol_dir, llama_dir):
+    from tokenizer import load_tokenizer
+
+    jsonl = SHARED / "data" / "gsm8k" / "train.jsonl"
+    if not jsonl.is_file():
+        pytest.skip(f"{jsonl} missing")
+    problems = [json.loads(line) for line in jsonl.read_text().splitlines()[:200]]
+    tok = load_tokenizer(smol_dir)
+    # SmolLM2 ("eos" parent): no head; the answer closes with its EOS <|im_end|> (2), not 0
+    r = run_script("data/gsm8k/prepare.py", "--jsonl", jsonl, "--tokenizer", smol_dir,
+                   "--out_dir", tmp_path / "mask", "--limit", 200, "--answer_only",
+                   "--seq_len", 320)
+    assert r.returncode == 0, r.stderr
+    meta = check_answer_only_rows(tmp_path / "mask", tok, problems, [], 320)
+    assert meta["dropped_too_long"] > 0 and tok.eos_id == 2
+    assert (meta["separator"], meta["separator_id"], meta["pad_id"]) == ("eos", 0, 2)
+    # a Llama-style parent ("bos"): a BOS head; same ids otherwise (only id 0 was renamed)
+    r = run_script("data/gsm8k/prepare.py", "--jsonl", jsonl, "--tokenizer", llama_dir,
+                   "--out_dir", tmp_path / "mask_bos", "--limit", 40, "--answer_only",
+                   "--seq_len", 320)
+    assert r.returncode == 0, r.stderr
+    meta = check_answer_only_rows(tmp_path / "mask_bos", tok, problems[:40], [0], 320)
+    assert (meta["separator"], meta["separator_id"], meta["bos_id"]) == ("bos", 0, 0)
 
     # without the mask: plain documents of prompt + answer, no label file, no rows
     r = run_script("data/gsm8k/prepare.py", "--jsonl", jsonl, "--tokenizer", smol_dir,
                    "--out_dir", tmp_path / "plain", "--limit", 40)
     assert r.returncode == 0, r.stderr
     meta = load_meta(tmp_path / "plain")
-    assert not meta["targets"] and "seq_len" not in meta
-    docs = split_docs(np.asarray(open_split(tmp_path / "plain", "val")[0]), tok.bos_id)
+    assert not meta["targets"] and "seq_len" not in meta and meta["separator_id"] == 0
+    docs = split_docs(open_split(tmp_path / "plain", "val")[0], ("eos", 0))
     assert [tok.decode(d) for d in docs] == [
         f"Q: {p['question']}\nA: Let's think step by step. {p['answer']}"
         for p in (problems[19], problems[39])]

@@ -10,7 +10,12 @@ where answer is the dataset's worked solution ending in "#### <number>". With --
 prompt is not trained on: every problem is one row of --seq_len tokens (padded), and
 DIR/{split}_targets.bin labels only the predictions of answer tokens and the closing EOS
 (-1 elsewhere), so the model learns to answer and to stop rather than to write questions.
-Without it the problems are plain documents (next-token loss on everything).
+A row is [BOS] prompt answer EOS pad...: the BOS head only when the parent's pretraining put
+BOS before documents (data/common.py separator(): Llama-3, TinyLlama; not SmolLM2, Qwen2.5,
+OLMo-2, whose documents ended in <|endoftext|>), and the answer always closes with the
+tokenizer's EOS (eos_id, SmolLM2-Instruct's <|im_end|>): the token an instruct model stops on.
+Without it the problems are plain documents (next-token loss on everything), separated like
+every text set (data/common.py).
 
 Source: the train split of openai/gsm8k on the Hugging Face Hub (parquet; needs pip install
 pyarrow), or a local jsonl with fields question/answer via --jsonl. The test split is for
@@ -68,9 +73,14 @@ def read_hub():
 
 
 def answer_only_row(tok, question, answer, sep):
-    """ids and targets of one problem (unpadded): targets[t] = ids[t+1] inside the answer."""
+    """ids and targets of one problem (unpadded): targets[t] = ids[t+1] inside the answer.
+
+    sep = separator(tok): a BOS head only when the parent's documents started with BOS; a row
+    of an "eos" parent needs no head (it starts like a document after <|endoftext|>).
+    """
     prompt, completion = format_example(question, answer)
-    head = [tok.bos_id] if sep == "bos" else []
+    kind, sep_id = sep
+    head = [sep_id] if kind == "bos" else []
     p_ids, a_ids = tok.encode(prompt), tok.encode(completion)
     ids = head + p_ids + a_ids + [tok.eos_id]  # EOS closes the answer: the model learns to stop
     targets = [IGNORE_INDEX] * len(ids)
@@ -124,7 +134,7 @@ def write_answer_only(examples, tok, out_dir, seq_len, val_frac, meta_extra):
     meta.update({
         "fingerprint": tok.fingerprint, "vocab_size": tok.vocab_size,
         "dtype": np.dtype(dtype).name, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
-        "pad_id": tok.eos_id, "separator": sep, "val_frac": val_frac,
+        "pad_id": tok.eos_id, "separator": sep[0], "separator_id": sep[1], "val_frac": val_frac,
         "targets": True, "steps": False, "targets_dtype": "int32", "ignore_index": IGNORE_INDEX,
         "seq_len": seq_len, "answer_only": True, "dropped_too_long": too_long,
         "train_tokens": ids_w["train"].count, "val_tokens": ids_w["val"].count,
