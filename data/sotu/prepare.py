@@ -11,8 +11,8 @@ the speeches as curated by the UC Santa Barbara American Presidency Project
 domain. By default the 237 canonical addresses (about 12M characters); --include_related adds
 the 12 related messages the package also carries.
 
-Each speech is one document: BOS before it when the tokenizer has a BOS distinct from EOS,
-else EOS after it (data/common.py). Whole speeches go to train or val (every 20th speech to val
+Each speech is one document, separated the way the parent's pretraining did (data/common.py
+separator()): <|endoftext|> after it for SmolLM2, Qwen2.5 and OLMo-2, BOS before it for Llama-3. Whole speeches go to train or val (every 20th speech to val
 at --val_frac 0.05, spread evenly over the years), so val loss is on unseen speeches.
 
 Run:
