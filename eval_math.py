@@ -303,12 +303,18 @@ def run_generation(args, model, tok):
 # depth task and loss
 
 
-def load_bin(args):
-    from data.common import load_meta, open_split
+def load_bin(args, model):
+    """(meta, ids, targets, steps) of --split in --data, checked against the model's vocabulary."""
+    from data.common import check_tokenizer, load_meta, open_split
     if not args.data:
         raise EvalError(f"--task {args.task} needs --data DIR (a dir written by data/<set>/prepare.py)")
     try:
         meta = load_meta(args.data)
+        if meta["vocab_size"] > model.config.vocab_size:
+            raise ValueError(f"data vocab {meta['vocab_size']} > model vocab {model.config.vocab_size}")
+        if any((Path(args.init) / f).exists() for f in ("tokenizer.json", "tokenizer.model", "original")):
+            from tokenizer import load_tokenizer  # text data: same tokenizer as the model, or the loss is noise
+            check_tokenizer(meta, load_tokenizer(args.init).fingerprint, args.data, args.init)
         return (meta,) + open_split(args.data, args.split, meta)
     except (FileNotFoundError, ValueError) as e:
         raise EvalError(str(e)) from None
@@ -318,11 +324,9 @@ def load_bin(args):
 def run_depth(args, model):
     """Accuracy at the labeled positions, grouped by the steps k each label needs, for every r."""
     args.data = args.data or str(REPO / "data" / "depth")
-    meta, ids, targets, steps = load_bin(args)
+    meta, ids, targets, steps = load_bin(args, model)
     if targets is None or steps is None or not meta.get("seq_len"):
         raise EvalError(f"{args.data} has no {args.split}_targets.bin/_step.bin: not a depth task dir")
-    if meta["vocab_size"] > model.config.vocab_size:
-        raise EvalError(f"data vocab {meta['vocab_size']} > model vocab {model.config.vocab_size}")
     shape = (-1, meta["seq_len"])
     ids, targets, steps = (np.asarray(a).reshape(shape) for a in (ids, targets, steps))
     if args.limit:
@@ -346,9 +350,7 @@ def run_depth(args, model):
 @torch.no_grad()
 def run_loss(args, model):
     """Cross-entropy of the same seeded batches at every r (the paper's multi-recurrence validation)."""
-    meta, ids, targets, _ = load_bin(args)
-    if meta["vocab_size"] > model.config.vocab_size:
-        raise EvalError(f"data vocab {meta['vocab_size']} > model vocab {model.config.vocab_size}")
+    meta, ids, targets, _ = load_bin(args, model)
     rng = np.random.default_rng(args.seed)
     T = meta.get("seq_len") or args.seq_len
     n_batches = min(args.num_batches, args.limit) if args.limit else args.num_batches

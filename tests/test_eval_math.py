@@ -278,8 +278,8 @@ def test_math_end_to_end_chat(smol_tok_dir, tmp_path):
 
 def train_briefly(model, data_dir, steps=150):
     ids, targets, _ = (np.asarray(a).reshape(-1, json.load(open(data_dir / "meta.json"))["seq_len"])
-                       for a in eval_math.load_bin(eval_math.parse_args(["--init", "x", "--task", "depth",
-                                                                         "--data", str(data_dir), "--split", "train"]))[1:])
+                       for a in eval_math.load_bin(eval_math.parse_args(["--init", "x", "--task", "depth", "--data",
+                                                                         str(data_dir), "--split", "train"]), model)[1:])
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
@@ -378,3 +378,12 @@ def test_cli_errors_are_one_line(smol_tok_dir, tmp_path):
         eval_math.parse_args(["--init", "x", "--task", "gsm8k", "--r", "1,0"])
     with pytest.raises(SystemExit):
         eval_math.parse_args(["--init", "x", "--task", "gsm8k", "--bogus", "1"])
+
+
+def test_loss_refuses_data_of_another_tokenizer(smol_tok_dir, tmp_path):
+    np.arange(100, dtype=np.uint16).tofile(tmp_path / "val.bin")
+    json.dump({"dtype": "uint16", "vocab_size": 14, "fingerprint": "not-smollm2", "tokenizer": "depth"},
+              open(tmp_path / "meta.json", "w"))
+    with pytest.raises(eval_math.EvalError, match="tokenized with"):
+        eval_math.main(["--init", str(smol_tok_dir), "--task", "loss", "--data", str(tmp_path), "--r", "1",
+                        "--out_dir", str(tmp_path / "out")])
