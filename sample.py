@@ -172,7 +172,13 @@ def sample_next(logits, temperature=0.0, top_k=None, top_p=None, generator=None)
     """logits (B, V) -> (B,) token ids; temperature 0 is greedy."""
     if temperature == 0:
         return logits.argmax(-1)
-    logits = logits / temperature
+    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), -1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def filter_logits(logits, top_k=None, top_p=None):
+    """Keep the top_k largest logits, then the smallest set whose probability reaches top_p
+    (nucleus sampling); the rest become -inf."""
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
         logits = logits.masked_fill(logits < kth, -math.inf)
@@ -181,8 +187,7 @@ def sample_next(logits, temperature=0.0, top_k=None, top_p=None, generator=None)
         cum = torch.softmax(sorted_logits, -1).cumsum(-1)
         drop = cum - torch.softmax(sorted_logits, -1) >= top_p  # tokens after the nucleus is full
         logits = logits.masked_fill(drop.scatter(1, order, drop), -math.inf)
-    probs = torch.softmax(logits, -1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return logits
 
 
 # -----------------------------------------------------------------------------

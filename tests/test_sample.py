@@ -7,7 +7,7 @@ import torch
 
 from kv_cache import KVCache
 from model import RecurrentConfig, RecurrentGPT
-from sample import EXIT_THRESHOLDS, Decoder, generate, main
+from sample import EXIT_THRESHOLDS, Decoder, ExitRule, filter_logits, generate, main
 
 TOL = 1e-5
 CONFIGS = {
@@ -197,8 +197,6 @@ def test_kv_sharing_matches_naive_policy(budget):
 def test_kv_policy_with_exit_matches_naive(budget):
     model, r = tiny(seed=3, std=0.1, **CONFIGS["huginn_sandwich"]), 12
     prompts = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]]
-    from sample import ExitRule
-
     logits, loops = {}, {}
     for name in ("fast", "naive"):
         cache = KVCache(model.config, 2, 12, budget or r) if name == "fast" else NaiveSharedCache(budget or r)
@@ -258,6 +256,45 @@ def test_sampling_is_seeded_and_top_k_one_is_greedy():
     greedy = generate(model, [[1, 2]], max_new_tokens=12, num_steps=2)[0].tokens
     assert generate(model, [[1, 2]], seed=5, top_k=1, **kw)[0].tokens == greedy
     assert generate(model, [[1, 2]], seed=5, top_p=1e-6, **kw)[0].tokens == greedy
+
+
+@pytest.mark.parametrize("top_k,top_p", [(5, None), (None, 0.3), (None, 0.9), (20, 0.5)])
+def test_top_k_top_p_match_transformers(top_k, top_p):
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    logits = torch.randn(4, 97, generator=torch.Generator().manual_seed(0)) * 3
+    ref = logits.clone()
+    if top_k is not None:
+        ref = TopKLogitsWarper(top_k)(None, ref)
+    if top_p is not None:
+        ref = TopPLogitsWarper(top_p)(None, ref)
+    ours = filter_logits(logits, top_k, top_p)
+    assert torch.equal(torch.isinf(ours), torch.isinf(ref))
+    assert torch.isinf(ours).any()
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "huginn_sandwich"])
+def test_static_model_and_random_state(name):
+    # a static-depth model ignores r; a random initial state is reproducible through the seed
+    static = tiny(recurrent=False, **CONFIGS[name])
+    seq = torch.randint(0, 97, (1, 10), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        ref, _ = static(seq)
+    assert (decode_logits(static, seq, 4, 1, KVCache(static.config, 1, 10, 1)) - ref).abs().max() <= TOL
+    noisy = tiny(state_init="normal", state_std=0.5, **CONFIGS[name])
+    a = generate(noisy, [[1, 2, 3]], max_new_tokens=10, num_steps=4, seed=1)[0].tokens
+    assert a == generate(noisy, [[1, 2, 3]], max_new_tokens=10, num_steps=4, seed=1)[0].tokens
+
+
+def test_warm_start_with_exit_batched_equals_unbatched():
+    model = tiny(seed=3, std=0.1, **CONFIGS["huginn_sandwich"])
+    prompts = [[3, 1, 4], [1, 5, 9, 2, 6]]
+    kw = dict(max_new_tokens=8, num_steps=12, exit_criterion="cosine", exit_threshold=0.05, warm_start=True,
+              kv_budget=4)
+    batched = generate(model, prompts, **kw)
+    single = [generate(model, [p], **kw)[0] for p in prompts]
+    assert [(c.tokens, c.loops) for c in batched] == [(c.tokens, c.loops) for c in single]
+    assert len({n for c in batched for n in c.loops}) > 3
 
 
 def test_bad_arguments_raise_clear_errors():
