@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tokenizer import prompt_ids
+
 from kv_cache import KVCache
 
 # Huginn's defaults; argmax counts iterations, the rest are "value below threshold". The paper's
@@ -129,6 +131,8 @@ class Decoder:
         m, cache = self.model, self.cache
         B, T = idx.shape
         r = self.r if num_steps is None else num_steps
+        if adaptive and (T != 1 or cache is None or self.exit_rule is None):
+            raise ValueError("adaptive exit runs one token per step, with a KV cache and an exit rule")
         pos_ids = (torch.arange(self.pos, self.pos + T, device=idx.device)[None] - self.pads[:, None]).clamp_min(0)
         rope, mask = m.rope(pos_ids), self._mask(T)
         if cache is not None:
@@ -366,7 +370,7 @@ def parse_args(argv=None):
     p.add_argument("--draft_r", type=int, default=None, help="self-speculative: draft with this many loops")
     p.add_argument("--draft_k", type=int, default=4, help="tokens drafted per verify pass")
     p.add_argument("--chat", **flag, help="wrap each prompt in the parent's chat template")
-    p.add_argument("--bos", type=str2bool, default=True, help="prepend BOS to plain prompts (when BOS != EOS)")
+    p.add_argument("--bos", type=str2bool, default=True, help="start plain prompts with the parent's document separator (BOS or <|endoftext|>)")
     p.add_argument("--device", default="cpu")
     return p.parse_args(argv)
 
@@ -388,10 +392,7 @@ def read_prompts(args):
 def encode(tok, text, chat, bos):
     if chat:  # the template places BOS itself where the parent wants it
         return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
-    ids = tok.encode(text)
-    if bos and tok.bos_id is not None and tok.bos_id != tok.eos_id and (not ids or ids[0] != tok.bos_id):
-        ids = [tok.bos_id] + ids  # Llama-style parents start every document with BOS
-    return ids
+    return prompt_ids(tok, text) if bos else tok.encode(text)  # as the start of a fresh document
 
 
 def stop_ids(tok, chat):
