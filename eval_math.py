@@ -36,6 +36,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tokenizer import prompt_ids
+
 from math_grader import MINERVA_SHOTS, extract_boxed, extract_math, grade_math  # noqa: F401 (interface)
 
 REPO = Path(__file__).resolve().parent
@@ -205,11 +207,7 @@ def build_prompt(args, tok, question, shots):
 
 
 def encode_prompt(tok, text):
-    ids = tok.encode(text)
-    # Llama-style tokenizers start every document with BOS (when BOS != EOS and not already there)
-    if tok.bos_id is not None and tok.bos_id != tok.eos_id and (not ids or ids[0] != tok.bos_id):
-        ids = [tok.bos_id] + ids
-    return ids
+    return prompt_ids(tok, text)  # the separator the parent saw before every document, then the text
 
 
 # -----------------------------------------------------------------------------

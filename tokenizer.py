@@ -508,6 +508,32 @@ def _is_tiktoken_file(p):
     return re.fullmatch(rb"[A-Za-z0-9+/=]+ \d+", head.split(b"\n", 1)[0]) is not None
 
 
+def document_separator(tok):
+    """(kind, id): how the parent's pretraining delimited documents, or None when it cannot be told.
+
+    The separator is the pretraining document boundary, not a chat token. In order:
+      1. the vocabulary has <|endoftext|>: ("eos", its id), after each document. SmolLM2, Qwen2.5
+         and OLMo-2 (and GPT-2) were pretrained on documents ending in <|endoftext|>; their BOS/EOS
+         may be chat tokens (SmolLM2-Instruct: <|im_start|>, <|im_end|>) that never delimited documents.
+      2. a BOS distinct from EOS: ("bos", bos_id) before each document (Llama-3, TinyLlama).
+      3. otherwise ("eos", eos_id) after each document.
+    """
+    try:
+        return "eos", tok.token_to_id("<|endoftext|>")
+    except ValueError:
+        pass
+    if tok.bos_id is not None and tok.bos_id != tok.eos_id:
+        return "bos", tok.bos_id
+    return ("eos", tok.eos_id) if tok.eos_id is not None else None
+
+
+def prompt_ids(tok, text):
+    """ids of a plain-text prompt as the start of a fresh document: the separator first (BOS, or the
+    <|endoftext|> that ended the previous document in pretraining), then the text."""
+    sep = document_separator(tok)
+    return ([sep[1]] if sep else []) + tok.encode(text)
+
+
 def load_tokenizer(path):
     """A checkpoint dir (tokenizer.json | original/tokenizer.model | tokenizer.model) or a .gguf file -> tokenizer."""
     p = Path(path)

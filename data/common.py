@@ -228,38 +228,16 @@ def get_tokenizer(spec):
         raise DataError(f"--tokenizer {spec}: {e}") from None
 
 
-ENDOFTEXT = "<|endoftext|>"
-
-
-def _token_id(tok, token):
-    """Id of token in tok's vocabulary, or None when it is not one token there."""
-    try:
-        return tok.token_to_id(token)
-    except ValueError:
-        return None
-
-
 def separator(tok):
-    """(kind, id): how documents are delimited, the way the parent saw them in pretraining.
+    """(kind, id): how documents are delimited, the way the parent saw them in pretraining
+    (tokenizer.document_separator explains the rule)."""
+    add_repo_root_to_path()
+    from tokenizer import document_separator
 
-    The separator is the parent's pretraining document boundary, not its chat tokens. In order:
-      1. the vocabulary has <|endoftext|>: ("eos", its id), appended after each document.
-         SmolLM2, Qwen2.5 and OLMo-2 (and GPT-2) were pretrained on documents ending in
-         <|endoftext|>; their tokenizer's BOS/EOS may be chat tokens (SmolLM2-Instruct:
-         BOS <|im_start|>, EOS <|im_end|>) that never delimited pretraining documents.
-      2. a BOS distinct from EOS: ("bos", bos_id) before each document (Llama-3's
-         <|begin_of_text|>, TinyLlama's <s>).
-      3. otherwise ("eos", eos_id) after each document.
-    """
-    eot = _token_id(tok, ENDOFTEXT)
-    if eot is not None:
-        return "eos", eot
-    if tok.bos_id is not None and tok.bos_id != tok.eos_id:
-        return "bos", tok.bos_id
-    if tok.eos_id is not None:
-        return "eos", tok.eos_id
-    raise DataError("the tokenizer has neither <|endoftext|>, a BOS nor an EOS token to separate "
-                    "documents")
+    sep = document_separator(tok)
+    if sep is None:
+        raise DataError("the tokenizer has neither <|endoftext|>, a BOS nor an EOS token to separate documents")
+    return sep
 
 
 def encode_doc(tok, text, sep):

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import analyze
 from model import RecurrentConfig, RecurrentGPT
+from tokenizer import prompt_ids
 
 
 
@@ -217,7 +218,7 @@ def test_layers_cli_against_transformers_and_surgery(tmp_path, capsys):
     rep = json.loads((out / "analyze.json").read_text())["layers"]
     assert rep["n_tokens"] == 64 and rep["split"]["spec"] == "0-1,2-3,6-7" and rep["split"]["dropped"] == [4, 5]
     # transformers' hidden states (inputs of layers 0..7) give the same block influence
-    ids = load_tokenizer(str(parent)).encode(analyze.CALIBRATION_TEXT)[:64]
+    ids = prompt_ids(load_tokenizer(str(parent)), analyze.CALIBRATION_TEXT)[:64]  # --bos (default): separator first
     with torch.no_grad():
         hs = torch.stack(hf(torch.tensor([ids]), output_hidden_states=True).hidden_states[:8])[:, 0].double()
     np.testing.assert_allclose(rep["block_influence"][:7], analyze.block_influence(hs), atol=1e-5)
