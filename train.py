@@ -66,7 +66,7 @@ DEFAULTS = dict(
     curriculum="constant", curriculum_frac=0.25,  # constant | linear | 1-sqrt over that fraction of max_iters
     step_supervision=False, step_supervision_anneal=0.0,  # last fraction of steps fading to outcome-only loss
     # evaluation, logging, system
-    eval_interval=50, eval_iters=10, eval_r="1,4,8,32", log_interval=1,
+    eval_interval=50, eval_iters=2, eval_r="1,4,8,32", log_interval=1,  # r=32 evals cost 13x a parent forward on CPU
     device="auto", compile=False, seed=1337, resume=False, max_bad_steps=5,
     peak_flops=0.0,  # FLOP/s of one device, for MFU (e.g. 989e12 for an H100 in bf16); 0 = no MFU
 )
@@ -385,10 +385,10 @@ def train(args):
         train_data = open_data(args.data, "train", args.block_size)
         val_data = open_data(args.data, "val", args.block_size)
     except FileNotFoundError as err:
-        hint = ""
-        if os.path.normpath(args.data) == os.path.join("data", "sotu"):
-            hint = " -- prepare it with: python data/sotu/prepare.py --tokenizer smollm2 --out_dir data/sotu"
-        raise TrainError(f"{err}{hint}") from None
+        if os.path.normpath(args.data) == os.path.join("data", "sotu"):  # the offline default: say the one command
+            raise TrainError("data/sotu is not prepared: run python data/sotu/prepare.py --tokenizer smollm2 "
+                             "--out_dir data/sotu") from None
+        raise TrainError(str(err)) from None
     meta = train_data["meta"]
     if args.step_supervision and train_data["steps"] is None:
         raise TrainError(f"--step_supervision needs per-step labels ({args.data}/train_step.bin), e.g. data/depth")
