@@ -261,3 +261,28 @@ def test_data_of_another_tokenizer_is_refused(depth_dir, tmp_path):
     p = run_train([*TINY, "--init", str(ckpt), "--data", str(depth_dir), "--out_dir", str(tmp_path / "o"),
                    "--max_iters=1"], check=False)
     assert p.returncode == 1 and "tokenized with" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("train_norms", [False, True])
+def test_freeze_base_trains_only_the_adapter(depth_dir, tmp_path, train_norms):
+    ckpt = tmp_path / "parent"
+    torch.manual_seed(0)
+    RecurrentGPT(RecurrentConfig(vocab_size=14, n_embd=32, n_head=2, n_kv_head=2, head_dim=16, n_core=1)).save_pretrained(ckpt)
+    out = tmp_path / "adapter_only"
+    run_train([*TINY, "--init", str(ckpt), "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=2",
+               "--eval_interval=2", "--freeze=base", f"--train_norms={train_norms}"])
+    before = RecurrentGPT.from_pretrained(ckpt).state_dict()
+    after = RecurrentGPT.from_pretrained(out).state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    norms = {k for k in before if "norm" in k}
+    assert changed == {"adapter.weight"} | (norms if train_norms else set())
+
+
+def test_static_baseline_trains_without_a_loop(depth_dir, tmp_path):
+    out = tmp_path / "static"
+    run_train([*TINY, "--static", "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=2", "--eval_interval=2"])
+    model = RecurrentGPT.from_pretrained(out)
+    assert not model.config.recurrent and not hasattr(model, "adapter")
+    log = [json.loads(l) for l in open(out / "log.jsonl")]
+    assert [d["r"] for d in log if "loss" in d] == [1, 1]
+    assert list(log[-1]["val"]) == ["1"]  # one depth to evaluate
