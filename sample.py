@@ -372,6 +372,7 @@ def parse_args(argv=None):
     p.add_argument("--chat", **flag, help="wrap each prompt in the parent's chat template")
     p.add_argument("--bos", type=str2bool, default=True, help="start plain prompts with the parent's document separator (BOS or <|endoftext|>)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (1 is faster when other jobs share the cores)")
     return p.parse_args(argv)
 
 
@@ -407,6 +408,7 @@ def stop_ids(tok, chat):
 
 def main(argv=None):
     args = parse_args(argv)
+    torch.set_num_threads(args.threads)
     print("config: " + " ".join(f"{k}={v}" for k, v in vars(args).items()), file=sys.stderr)
     from hub import CheckpointError
     from surgery import SurgeryError, load_model
@@ -445,5 +447,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(min(2, torch.get_num_threads()))
     main()

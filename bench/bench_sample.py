@@ -107,15 +107,16 @@ def section_r(args, ids):
     log()
 
 
-def depth_eval(model, ids, targets, r, rule, batch_size, seed):
+def depth_eval(model, ids, targets, r, rule, batch_size, seed, budget=None):
     """Teacher-forced, one position per decode step (adaptive exit is per token): accuracy and
-    loops at the labeled positions."""
+    loops at the labeled positions, and the KV cache bytes per row."""
     correct, loops = [], []
     gen = torch.Generator().manual_seed(seed)
     for b in range(0, len(ids), batch_size):
         x = torch.from_numpy(ids[b:b + batch_size].astype(np.int64))
         B, T = x.shape
-        dec = Decoder(model, [0] * B, T, r, KVCache(model.config, B, T, r), rule, generator=gen)
+        kv = KVCache(model.config, B, T, min(budget or r, r))
+        dec = Decoder(model, [0] * B, T, r, kv, rule, generator=gen)
         preds, ns = [], []
         with torch.inference_mode():
             for t in range(T):
@@ -126,7 +127,7 @@ def depth_eval(model, ids, targets, r, rule, batch_size, seed):
         lab = targets[b:b + batch_size] != -1
         correct.append(pred[lab] == targets[b:b + batch_size][lab])
         loops.append(n[lab])
-    return np.concatenate(correct).mean(), np.concatenate(loops).mean()
+    return np.concatenate(correct).mean(), np.concatenate(loops).mean(), kv.nbytes / B
 
 
 def section_depth(args):
@@ -146,17 +147,23 @@ def section_depth(args):
     r_max = args.depth_r
     log(f"3. depth task ({args.depth_ckpt}, {len(ids)} val rows, k up to {meta.get('test_max_k')}): "
         f"teacher-forced, one token per decode step, r_max = {r_max}")
-    log("   mode                      accuracy   mean loops/token")
-    for r in sorted({x for x in (1, 2, 4, 8) if x < r_max} | {r_max}):
-        acc, n = depth_eval(model, ids, targets, r, None, args.batch_size, args.seed)
-        log(f"   fixed r={r:<17d} {acc:8.3f}   {n:8.2f}")
+    log("   mode                      accuracy   mean loops/token   KV KiB/row")
+    for r in sorted({x for x in (1, 2, 4, 8, 16) if x < r_max} | {r_max}):
+        acc, n, kv = depth_eval(model, ids, targets, r, None, args.batch_size, args.seed)
+        log(f"   fixed r={r:<17d} {acc:8.3f}   {n:8.2f}   {kv / 1024:18.1f}")
         if r == r_max:
             base_acc, base_n = acc, n
     for crit, thr in EXIT_THRESHOLDS.items():
         rule = ExitRule(crit, thr, args.exit_min_r)
-        acc, n = depth_eval(model, ids, targets, r_max, rule, args.batch_size, args.seed)
-        log(f"   exit {crit:<12s} {thr:<8g} {acc:8.3f}   {n:8.2f}   ({base_n / n:.1f}x fewer loops, "
-            f"{100 * (acc - base_acc):+.1f} points vs fixed r={r_max}; goal >= 2x within 1 point)")
+        acc, n, kv = depth_eval(model, ids, targets, r_max, rule, args.batch_size, args.seed)
+        log(f"   exit {crit:<12s} {thr:<8g} {acc:8.3f}   {n:8.2f}   {kv / 1024:18.1f}   ({base_n / n:.1f}x fewer "
+            f"loops, {100 * (acc - base_acc):+.1f} points vs fixed r={r_max}; goal >= 2x within 1 point)")
+    for budget in (b for b in (8, 4, 2, 1) if b < r_max):  # Huginn's KV sharing on a trained model
+        acc, n, kv = depth_eval(model, ids, targets, r_max, None, args.batch_size, args.seed, budget)
+        log(f"   r={r_max} kv_budget={budget:<11d} {acc:8.3f}   {n:8.2f}   {kv / 1024:18.1f}")
+    acc, n, kv = depth_eval(model, ids, targets, r_max, ExitRule("kl", None, args.exit_min_r), args.batch_size,
+                            args.seed, 4)
+    log(f"   exit kl + kv_budget=4      {acc:8.3f}   {n:8.2f}   {kv / 1024:18.1f}")
     log()
 
 

@@ -321,7 +321,7 @@ def test_cli_prints_only_completions_on_stdout(tmp_path, capsys):
     save_tokenizer_files(gguf, str(ckpt))
     (tmp_path / "p.txt").write_text("Hello there\nOne two three\n")
     main(["--init", str(ckpt), "--r=2", f"--prompt=FILE:{tmp_path / 'p.txt'}", "--max_new_tokens", "4",
-          "--temperature=0", "--bos=false"])
+          "--temperature=0", "--bos=false", "--threads=1"])
     out = capsys.readouterr()
     tok = load_tokenizer(str(ckpt))
     expect = generate(model, [tok.encode("Hello there"), tok.encode("One two three")], max_new_tokens=4, num_steps=2,
@@ -330,5 +330,5 @@ def test_cli_prints_only_completions_on_stdout(tmp_path, capsys):
     assert out.out == texts[0] + "\n---------------\n" + texts[1] + "\n"
     assert "config:" in out.err and "mean loops per token 2.00" in out.err
     with pytest.raises(SystemExit) as err:
-        main(["--init", str(ckpt), "--prompt=FILE:/nonexistent/prompts.txt"])
+        main(["--init", str(ckpt), "--prompt=FILE:/nonexistent/prompts.txt", "--threads=1"])
     assert err.value.code == 1 and "cannot read prompts" in capsys.readouterr().err
