@@ -20,19 +20,18 @@ import torch
 class KVCache:
     """Preallocated keys and values for prelude, core and coda of a RecurrentGPT.
 
-    Policy for the core (sample.py's adaptive exit relies on it):
-    - iteration i reads and writes slot i mod n_slots (n_slots = r: a full cache; n_slots < r:
-      Huginn's sharing, where a slot holds the latest iteration i' = i mod N the token ran);
-    - while `active` (a (B,) bool tensor) is set, rows that are False (tokens that already exited)
-      do not write, so their slots keep what they wrote last;
-    - `fill_exited(rows, n)`: a token that exited after n < n_slots iterations never wrote slots
-      n..N-1; they get its last entry (iteration n-1). So a later token at iteration i always reads
-      the latest entry the earlier token has for slot i mod N, else the latest it has at all.
-    With n_slots >= r this is "use the latest available iteration" of an exited token.
+    Policy for the core (what a token at iteration i reads of an earlier token p):
+    - p ran iteration i: slot i mod n_slots. With n_slots >= r that is p's iteration-i entry; with a
+      budget N < r (Huginn's sharing) it is the latest iteration of p congruent to i mod N.
+    - p exited (adaptive exit) before iteration i: p's latest entry, its last iteration n_p - 1,
+      which sits in slot (n_p - 1) mod N.
+    `n_run` (B, max_len) holds how many iterations each position ran; sample.py sets it through
+    start() (every new position runs r) and mark_exited(). While `active` (a (B,) bool tensor) is set,
+    rows that are False (already exited) do not write, so their slots keep their own entries.
     A pass over several new tokens (prefill, a speculative verify) writes iteration i of all of them
-    before any reads it, so with n_slots < r they see each other's iteration-i entries, where
+    before any reads it, so with N < r they see each other's iteration-i entries, where
     token-by-token decoding would read the latest entry of that slot: with a budget, prefill and
-    decoding differ slightly (as in Huginn's code); with n_slots >= r they agree exactly."""
+    decoding differ slightly (as in Huginn's code); with N >= r they agree exactly."""
 
     def __init__(self, config, batch_size, max_len, n_slots, device="cpu", dtype=torch.float32):
         if n_slots < 1:
@@ -45,43 +44,55 @@ class KVCache:
         self.prelude = new(2, c.n_prelude)
         self.core = new(2, c.n_core, n_slots)
         self.coda = new(2, c.n_coda)
-        self.pos = 0  # first position the next forward pass writes
+        self.n_run = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
+        self.pos = self.end = 0  # the forward pass in progress writes positions [pos, end)
+        self.min_run = 0  # min of n_run[:, :end]: below it no position has exited, reads are plain slots
         self.active = None  # (B,) bool: rows that write core entries (adaptive exit)
+        self._slots = {}  # iteration -> (B, end) slot index per position, while some position exited
 
     @property
     def nbytes(self):
+        """Bytes of keys and values (the (B, max_len) bookkeeping of n_run left out)."""
         return sum(t.numel() * t.element_size() for t in (self.prelude, self.core, self.coda))
 
-    def _slot(self, part, layer, step):
-        if part == "core":
-            return self.core[:, layer, step % self.n_slots]  # (2, B, nkv, S, hd)
-        if part == "prelude":
-            return self.prelude[:, layer]
-        if part == "coda":
-            return self.coda[:, layer]
-        raise KeyError(f"unknown cache part {part!r}")
+    def start(self, pos, T, r):
+        """A forward pass writes positions [pos, pos + T), each running r iterations."""
+        if pos + T > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions, asked to write up to {pos + T}")
+        self.pos, self.end = pos, pos + T
+        self.n_run[:, pos:pos + T] = r
+        self.min_run = int(self.n_run[:, :pos + T].min())
+        self._slots = {}
+
+    def mark_exited(self, rows, n):
+        """Rows (a (B,) bool tensor) exited after n iterations at the current one-token step."""
+        self.n_run[:, self.pos] = torch.where(rows, n, self.n_run[:, self.pos])
+        self.min_run = min(self.min_run, n)
+        self._slots = {}
 
     def update(self, key, k, v):
         part, layer, step = key
-        kv = self._slot(part, layer, step)
-        a, b = self.pos, self.pos + k.shape[2]
-        if b > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} positions, asked to write up to {b}")
-        if part == "core" and self.active is not None:
-            keep = ~self.active.view(-1, 1, 1, 1)  # exited rows keep their entry
+        a, b = self.pos, self.end
+        if k.shape[2] != b - a:
+            raise ValueError(f"cache.start() announced {b - a} new positions, got {k.shape[2]}")
+        if part != "core":
+            kv = self.prelude[:, layer] if part == "prelude" else self.coda[:, layer]  # (2, B, nkv, S, hd)
+            kv[0, :, :, a:b], kv[1, :, :, a:b] = k, v
+            return kv[0, :, :, :b], kv[1, :, :, :b]
+        slots = self.core[:, layer]  # (2, N, B, nkv, S, hd)
+        kv = slots[:, step % self.n_slots]
+        if self.active is not None:  # exited rows keep their entry
+            keep = ~self.active.view(-1, 1, 1, 1)
             k = torch.where(keep, kv[0, :, :, a:b], k)
             v = torch.where(keep, kv[1, :, :, a:b], v)
-        kv[0, :, :, a:b] = k
-        kv[1, :, :, a:b] = v
-        return kv[0, :, :, :b], kv[1, :, :, :b]
-
-    def fill_exited(self, rows, n):
-        """Rows (a (B,) bool tensor) exited after n iterations at position self.pos (a one-token
-        step): copy their iteration n-1 entry into the slots n..N-1 they never wrote."""
-        if n >= self.n_slots or not bool(rows.any()):
-            return
-        p = self.pos
-        last = self.core[:, :, n - 1, :, :, p]  # (2, n_core, B, nkv, hd)
-        fill = self.core[:, :, n:, :, :, p]  # (2, n_core, N-n, B, nkv, hd)
-        m = rows.view(1, 1, 1, -1, 1, 1)
-        self.core[:, :, n:, :, :, p] = torch.where(m, last.unsqueeze(2), fill)
+        kv[0, :, :, a:b], kv[1, :, :, a:b] = k, v
+        if step < self.min_run:  # every position ran this iteration: one slot holds them all
+            return kv[0, :, :, :b], kv[1, :, :, :b]
+        if step not in self._slots:  # exited positions read the slot of their last iteration
+            run = self.n_run[:, :b]
+            self._slots[step] = torch.where(run > step, step % self.n_slots, (run - 1) % self.n_slots)
+        B = k.shape[0]
+        rows = torch.arange(B, device=k.device)[:, None]
+        cols = torch.arange(b, device=k.device)[None]
+        g = slots[:, :, :, :, :b].permute(1, 2, 4, 0, 3, 5)[self._slots[step], rows, cols]  # (B, S, 2, nkv, hd)
+        return g[:, :, 0].transpose(1, 2), g[:, :, 1].transpose(1, 2)

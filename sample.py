@@ -136,7 +136,7 @@ class Decoder:
         pos_ids = (torch.arange(self.pos, self.pos + T, device=idx.device)[None] - self.pads[:, None]).clamp_min(0)
         rope, mask = m.rope(pos_ids), self._mask(T)
         if cache is not None:
-            cache.pos = self.pos
+            cache.start(self.pos, T, r)
         e = m.embed(idx, rope, mask, cache)  # (B, T, h)
         if self.warm_start and self.warm is not None and T == 1:
             s = self.warm  # continuous CoT: start where the last token ended
@@ -159,7 +159,7 @@ class Decoder:
                 s = s_new
                 if i + 1 < r and bool(done.any()):
                     loops[done.cpu()] = i + 1
-                    cache.fill_exited(done, i + 1)
+                    cache.mark_exited(done, i + 1)
                     active = active & ~done
                     if not bool(active.any()):
                         break

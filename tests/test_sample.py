@@ -151,11 +151,18 @@ def test_adaptive_exit_batched_equals_unbatched():
 
 class NaiveSharedCache:
     """The KV-sharing policy written plainly, as the reference for KVCache: every (row, position) keeps
-    every iteration it ran; iteration i reads, for each position, the latest iteration j = i (mod N)
-    that token ran, else the latest one it ran (a token that exited early). No preallocation."""
+    every iteration it ran; iteration i reads, for each position that ran iteration i, the latest
+    iteration j = i (mod N) it ran, and for a token that exited before i the latest iteration it ran.
+    It learns who ran what from the writes alone (no n_run bookkeeping), and preallocates nothing."""
 
     def __init__(self, n_slots):
         self.n_slots, self.pos, self.active, self.store = n_slots, 0, None, {}
+
+    def start(self, pos, T, r):
+        self.pos = pos
+
+    def mark_exited(self, rows, n):
+        pass  # seen from the writes: an exited row stops writing
 
     def update(self, key, k, v):
         part, layer, step = key
@@ -168,16 +175,13 @@ class NaiveSharedCache:
             ks, vs = [], []
             for p in range(self.pos + T):
                 runs = self.store[(part, layer, b, p)]
-                same = [j for j in runs if j % self.n_slots == step % self.n_slots]
-                j = max(same) if same else max(runs)
+                ran_i = max(runs) >= step
+                j = max(j for j in runs if j % self.n_slots == step % self.n_slots) if ran_i else max(runs)
                 ks.append(runs[j][0])
                 vs.append(runs[j][1])
             out_k.append(torch.stack(ks, dim=1))
             out_v.append(torch.stack(vs, dim=1))
         return torch.stack(out_k), torch.stack(out_v)
-
-    def fill_exited(self, rows, n):
-        pass  # the lookup above already falls back to the latest iteration
 
 
 @pytest.mark.parametrize("budget", [1, 2, 4])
