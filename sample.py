@@ -8,7 +8,9 @@ EOS, batched prompts with left padding):
 - a KV cache with one entry per (layer, iteration), prefill then one token per step (kv_cache.py);
 - KV-cache sharing: a budget of N slots per core layer, iteration i uses slot i mod N (--kv_budget);
 - adaptive exit per token: stop looping once the state or the prediction stops moving (--exit):
-  kl, entropy-diff, latent-diff, cosine or argmax, with Huginn's default thresholds;
+  kl, entropy-diff, latent-diff, cosine or argmax, with Huginn's default thresholds; later tokens
+  read an exited token's latest KV entry (policy in kv_cache.py). In a batch, a row that exited
+  keeps its state while the others loop on; the step ends when every row has exited (or at r);
 - warm start ("continuous CoT"): the next token starts from the last token's final state;
 - self-speculative decoding: draft a few tokens with few loops, verify them in one pass at r loops
   and keep the agreeing prefix (--draft_r; greedy only).
