@@ -10,8 +10,11 @@ offline SmolLM2-135M-Instruct and, when given, a depth-task model trained by tra
    tokens still agree with the full cache.
 Figures go to standard error, one table per section.
 
-    python bench/bench_sample.py                                   # sections 1, 2, 4 (~5 min, 1 CPU thread)
-    python bench/bench_sample.py --depth_ckpt out/depth --depth_data data/depth --sections 3
+    python bench/bench_sample.py                                   # sections 1, 2, 4 (~6 min, 1 CPU thread)
+    python data/depth/prepare.py --out_dir data/depth && python train.py --config config/cpu_depth.json
+    python bench/bench_sample.py --depth_ckpt out/depth --sections 3  # ~1 min
+Section 3 decodes teacher-forced, one position per step, so that the exit is per token; in a batch,
+rows that exited wait for the others, so "loops per token" counts the loops each token needed.
 """
 
 import argparse
@@ -209,10 +212,10 @@ def main(argv=None):
     p.add_argument("--budget_init", default=None, help="section 4: a trained checkpoint (default: an untrained retrofit)")
     p.add_argument("--depth_ckpt", default=None, help="section 3: a checkpoint trained on the depth task")
     p.add_argument("--depth_data", default="data/depth", help="section 3: the prepared depth data dir")
-    p.add_argument("--depth_rows", type=int, default=256, help="section 3: val rows used")
-    p.add_argument("--depth_r", type=int, default=16, help="section 3: r_max (fixed-r baseline and exit cap)")
+    p.add_argument("--depth_rows", type=int, default=1000, help="section 3: val rows used")
+    p.add_argument("--depth_r", type=int, default=32, help="section 3: r_max (fixed-r baseline and exit cap)")
     p.add_argument("--exit_min_r", type=int, default=1)
-    p.add_argument("--batch_size", type=int, default=256)
+    p.add_argument("--batch_size", type=int, default=1000, help="section 3: rows per batch")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--threads", type=int, default=1,
                    help="1 by default: decode is matrix-vector work, and a 2nd thread waits a lot on shared cores")
