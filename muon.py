@@ -13,7 +13,8 @@ Jordan's (kellerjordan.github.io/posts/muon) and matches torch.optim.Muon step f
 
 What differs is speed. torch.optim.Muon orthogonalizes one matrix at a time in bfloat16, which on
 a CPU without bf16 matrix units is slower than fp32. Here matrices of the same (oriented) shape are
-stacked and orthogonalized together with torch.bmm / torch.baddbmm, in fp32 on CPU and bf16 on CUDA.
+stacked and orthogonalized together with torch.bmm / torch.baddbmm (in cache-sized stacks on CPU), in
+fp32 on CPU and bf16 on CUDA.
 
     python -m pytest -q tests/test_muon.py          # checks it against torch.optim.Muon
     python bench/bench_train.py --only muon         # step time vs torch.optim.Muon
@@ -26,6 +27,7 @@ import torch
 
 # Keller Jordan's quintic coefficients (the same defaults as torch.optim.Muon)
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+CPU_CHUNK_ELEMENTS = 1 << 22  # matrices stacked per bmm on CPU: up to 4M elements (16 MB in fp32)
 
 
 def zeropower_via_newtonschulz(G, ns_coefficients=NS_COEFFICIENTS, ns_steps=5, eps=1e-7, dtype=None):
@@ -35,6 +37,21 @@ def zeropower_via_newtonschulz(G, ns_coefficients=NS_COEFFICIENTS, ns_steps=5, e
     X = G.to(dtype or G.dtype)
     # Frobenius norm >= spectral norm, so every singular value starts in [0, 1]
     X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    rows, cols = X.shape[-2:]
+    if X.dtype == torch.float32 and cols > 1.5 * rows:
+        # Same iteration, reassociated for wide matrices: X_k = Q_k X_0 with Q_k a product of polynomials
+        # P_j = aI + bA_j + cA_j^2 of the Gram matrix, and A_{j+1} = X_{j+1} X_{j+1}^T = P_j A_j P_j. Only
+        # (rows x rows) products inside the loop: 4 r^2 c + 34 r^3 FLOPs instead of 20 r^2 c + 10 r^3
+        # (-29% for SmolLM2's 576 x 1536 MLP matrices). fp32 only: squaring A is fine in fp32, not in bf16.
+        A = torch.bmm(X, X.mT)  # (n, rows, rows)
+        Q = None
+        for k in range(ns_steps):
+            P = torch.baddbmm(A, A, A, beta=b, alpha=c)
+            P.diagonal(dim1=-2, dim2=-1).add_(a)  # a I + b A + c A^2
+            Q = P if Q is None else torch.bmm(P, Q)
+            if k < ns_steps - 1:
+                A = torch.bmm(P, torch.bmm(A, P))
+        return torch.bmm(Q, X)
     for _ in range(ns_steps):
         A = torch.bmm(X, X.mT)  # (n, rows, rows), the small side
         B = torch.baddbmm(A, A, A, beta=b, alpha=c)  # b A + c A^2
@@ -98,12 +115,17 @@ class Muon(torch.optim.Optimizer):
                 tall = u.shape[0] > u.shape[1]
                 batches[(tuple(u.shape), tall, u.dtype, u.device)].append(i)
             ortho = [None] * len(params)
-            for (shape, tall, _, device), idx in batches.items():
-                G = torch.stack([updates[i].mT if tall else updates[i] for i in idx])  # (n, rows, cols)
+            for (shape, tall, _, device), same in batches.items():
                 dtype = group["ns_dtype"] or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-                O = zeropower_via_newtonschulz(G, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
-                for j, i in enumerate(idx):
-                    ortho[i] = O[j].mT if tall else O[j]
+                # on CPU, stacks of ~16 MB keep the working set near the caches: measured on 2 cores, 4 SmolLM2
+                # MLP matrices per bmm beat both one at a time and all 60 at once; a GPU takes everything at once
+                chunk = len(same) if device.type == "cuda" else max(1, CPU_CHUNK_ELEMENTS // (shape[0] * shape[1]))
+                for c in range(0, len(same), chunk):
+                    idx = same[c:c + chunk]
+                    G = torch.stack([updates[i].mT if tall else updates[i] for i in idx])  # (n, rows, cols)
+                    O = zeropower_via_newtonschulz(G, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
+                    for j, i in enumerate(idx):
+                        ortho[i] = O[j].mT if tall else O[j]
 
             lr, wd = group["lr"], group["weight_decay"]
             if wd != 0:
