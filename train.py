@@ -317,7 +317,7 @@ def make_optimizers(model, args):
     return opts, {k: [n for n, _ in v] for k, v in groups.items()}
 
 
-def save_checkpoint(model, opts, step, args, fingerprint, out_dir):
+def save_checkpoint(model, opts, step, args, fingerprint, out_dir, flops_seen=0.0):
     """Every file is written to out_dir/.staging first, then renamed into place with train_state.pt
     last: a crash while writing leaves the previous checkpoint whole (and resume checks the steps match)."""
     staging = os.path.join(out_dir, ".staging")
@@ -326,7 +326,11 @@ def save_checkpoint(model, opts, step, args, fingerprint, out_dir):
     model.save_pretrained(staging, extra_config={"train": train_cfg})
     state = {"step": step, "optimizers": [o.state_dict() for o in opts], "rng": torch.get_rng_state(),
              "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-             "data": {"seed": args.seed, "next_step": step}, "args": vars(args)}
+             "data": {"seed": args.seed, "next_step": step}, "args": vars(args), "flops": flops_seen,
+             # the schedules are functions of the step; stored so a reader can see where the run stood
+             "schedule": {"lr_mult": get_lr(step, args.max_iters, args.warmup_iters, args.decay_frac, args.min_lr_frac),
+                          "mean_recurrence": mean_recurrence_at(step, args.max_iters, args.mean_recurrence,
+                                                                args.curriculum, args.curriculum_frac)}}
     torch.save(state, os.path.join(staging, "train_state.pt"))
     for name in ("model.safetensors", "config.json", "train_state.pt"):
         os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
@@ -347,7 +351,7 @@ def load_train_state(out_dir, opts):
     for o, sd in zip(opts, state["optimizers"]):
         o.load_state_dict(sd)
     torch.set_rng_state(state["rng"])
-    return state["step"]
+    return state["step"], state.get("flops", 0.0)
 
 
 def git_commit():
@@ -418,7 +422,7 @@ def train(args):
     elif args.freeze != "none":
         raise TrainError(f"--freeze must be none or base, not {args.freeze!r}")
     opts, split = make_optimizers(model, args)
-    step = load_train_state(args.out_dir, opts) if args.resume else 0
+    step, flops_seen = load_train_state(args.out_dir, opts) if args.resume else (0, 0.0)
 
     if args.compile:  # the blocks only: the loop over r has a data-dependent length
         for block in (*model.prelude, *model.core, *model.coda):
@@ -453,7 +457,7 @@ def train(args):
     from tqdm import tqdm
 
     bar = tqdm(total=args.max_iters, initial=step, disable=None if master else True, dynamic_ncols=True)  # None: off without a TTY
-    start_step, tokens_seen, flops_seen, bad_in_row = step, step * total, 0.0, 0
+    start_step, tokens_seen, bad_in_row = step, step * total, 0
     while True:
         if step % args.eval_interval == 0 or step == args.max_iters:
             if master:
@@ -463,7 +467,7 @@ def train(args):
                 bar.write(f"step {step}: " + ", ".join(
                     f"r={r} val {v['loss']:.4f}" + (f" acc {v['acc']:.3f}" if "acc" in v else "") for r, v in val.items()))
                 if step > start_step and bad_in_row == 0:  # not the step just loaded, nor after skipped steps
-                    save_checkpoint(model, opts, step, args, meta["fingerprint"], args.out_dir)
+                    save_checkpoint(model, opts, step, args, meta["fingerprint"], args.out_dir, flops_seen)
         if step >= args.max_iters:
             break
 
