@@ -334,6 +334,7 @@ def save_checkpoint(model, opts, step, args, fingerprint, out_dir, flops_seen=0.
     torch.save(state, os.path.join(staging, "train_state.pt"))
     for name in ("model.safetensors", "config.json", "train_state.pt"):
         os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+    os.rmdir(staging)
 
 
 def load_train_state(out_dir, opts):
@@ -457,7 +458,7 @@ def train(args):
     from tqdm import tqdm
 
     bar = tqdm(total=args.max_iters, initial=step, disable=None if master else True, dynamic_ncols=True)  # None: off without a TTY
-    start_step, tokens_seen, bad_in_row = step, step * total, 0
+    start_step, tokens_seen, bad_in_row, t_start = step, step * total, 0, time.time()
     while True:
         if step % args.eval_interval == 0 or step == args.max_iters:
             if master:
@@ -516,7 +517,7 @@ def train(args):
         flops_seen += step_flops
         rec = {"step": step, "loss": loss_sum.item(), "r": r, "mean_r": mean_r, "tokens": tokens_seen,
                "flops": flops_seen, "tokens_per_sec": total / dt, "lr_mult": lr_mult, "grad_norm": grad_norm.item(),
-               "dt": dt}
+               "dt": dt, "elapsed": time.time() - t_start}
         if args.step_supervision:
             rec["step_weight"] = w
         if args.peak_flops > 0:
