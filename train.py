@@ -434,6 +434,8 @@ def train(args):
 
         wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
 
+    if min(args.eval_interval, args.eval_iters, args.batch_size, args.max_bad_steps) < 1:
+        raise TrainError("--eval_interval, --eval_iters, --batch_size and --max_bad_steps must be >= 1")
     T = train_data["T"]
     micro_tokens = args.batch_size * T
     total = args.total_batch_tokens or micro_tokens * world
