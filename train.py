@@ -436,6 +436,8 @@ def train(args):
 
     if min(args.eval_interval, args.eval_iters, args.batch_size, args.max_bad_steps) < 1:
         raise TrainError("--eval_interval, --eval_iters, --batch_size and --max_bad_steps must be >= 1")
+    if args.curriculum not in ("constant", "linear", "1-sqrt"):
+        raise TrainError(f"--curriculum must be constant, linear or 1-sqrt, not {args.curriculum!r}")
     T = train_data["T"]
     micro_tokens = args.batch_size * T
     total = args.total_batch_tokens or micro_tokens * world
