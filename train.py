@@ -546,8 +546,42 @@ def train(args):
     bar.close()
     if master:
         log.close()
+        summarize(args.out_dir, start_step, step, time.time() - t_start)
     if ddp:
         dist.destroy_process_group()
+
+
+def summarize(out_dir, start_step, step, seconds):
+    """The run's end: the loss curve (train loss per step, validation loss at each r) as loss.png, and a
+    few printed lines to read without it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        recs = [json.loads(line) for line in f]
+    train = [(r["step"], r["loss"]) for r in recs if "loss" in r and not r.get("skipped")]
+    evals = [r for r in recs if "val" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot(*zip(*train), lw=0.8, alpha=0.6, label="train (sampled r)")
+    for r in (evals[-1]["val"] if evals else {}):
+        pts = [(e["step"], e["val"][r]["loss"]) for e in evals if r in e["val"]]
+        ax.plot(*zip(*pts), marker="o", label=f"val, r={r}")
+    ax.set(xlabel="step", ylabel="loss", title=os.path.basename(os.path.abspath(out_dir)))
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "loss.png"), dpi=120)
+    plt.close(fig)
+    print(f"done: steps {start_step} -> {step} in {seconds:.0f} s; checkpoint, log.jsonl and loss.png in {out_dir}")
+    if evals:
+        first, last = evals[0], evals[-1]
+        for r in last["val"]:
+            v0, v1 = first["val"].get(r, {}), last["val"][r]
+            acc = f", acc {v0.get('acc', float('nan')):.3f} -> {v1['acc']:.3f}" if "acc" in v1 else ""
+            print(f"  val r={r}: loss {v0.get('loss', float('nan')):.4f} (step {first['step']}) -> {v1['loss']:.4f} "
+                  f"(step {last['step']}){acc}")
 
 
 def main(argv=None):
