@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tokenizer import prompt_ids
+from tokenizer import prompt_ids, stop_ids
 
 from math_grader import MINERVA_SHOTS, extract_boxed, extract_math, grade_math  # noqa: F401 (interface)
 
@@ -212,16 +212,6 @@ def encode_prompt(tok, text):
 
 # -----------------------------------------------------------------------------
 # generation with stop strings
-
-
-def stop_ids(tok, chat):
-    """EOS, plus in chat mode the template's end-of-turn token if it is one token (<|im_end|>, <|eot_id|>)."""
-    ids = {tok.eos_id} if tok.eos_id is not None else set()
-    for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>") if chat else ():
-        enc = tok.encode(marker)
-        if len(enc) == 1:
-            ids.add(enc[0])
-    return ids
 
 
 def accept(tok, done, new, stop_re, eos_ids):

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tokenizer import prompt_ids
+from tokenizer import prompt_ids, stop_ids
 
 from kv_cache import KVCache
 
@@ -396,16 +396,6 @@ def encode(tok, text, chat, bos):
     if chat:  # the template places BOS itself where the parent wants it
         return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
     return prompt_ids(tok, text) if bos else tok.encode(text)  # as the start of a fresh document
-
-
-def stop_ids(tok, chat):
-    """EOS, plus in chat mode the template's end-of-turn token when it is a single token."""
-    ids = {tok.eos_id} if tok.eos_id is not None else set()
-    for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>") if chat else ():
-        enc = tok.encode(marker)
-        if len(enc) == 1:
-            ids.add(enc[0])
-    return ids
 
 
 def main(argv=None):

@@ -534,6 +534,17 @@ def prompt_ids(tok, text):
     return ([sep[1]] if sep else []) + tok.encode(text)
 
 
+def stop_ids(tok, chat):
+    """Token ids that end a generation: EOS, plus in chat mode the template's end-of-turn token when it
+    is a single token (<|im_end|>, <|eot_id|>, <|end|>)."""
+    ids = {tok.eos_id} if tok.eos_id is not None else set()
+    for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>") if chat else ():
+        enc = tok.encode(marker)
+        if len(enc) == 1:
+            ids.add(enc[0])
+    return ids
+
+
 def load_tokenizer(path):
     """A checkpoint dir (tokenizer.json | original/tokenizer.model | tokenizer.model) or a .gguf file -> tokenizer."""
     p = Path(path)
