@@ -49,7 +49,7 @@ class EvalError(Exception):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    p.add_argument("--init", required=True, help="checkpoint directory (model.py save_pretrained + tokenizer)")
+    p.add_argument("--init", required=True, help="checkpoint dir, raven checkpoint, or a parent (what surgery.load_model takes)")
     p.add_argument("--task", required=True, choices=("gsm8k", "math", "depth", "loss"))
     p.add_argument("--r", default="1,2,4,8,16,32", help="comma-separated test-time recurrences")
     p.add_argument("--data", default=None, help="gsm8k/math: a jsonl or a dir with test.jsonl (+ train.jsonl); "
@@ -79,6 +79,7 @@ def parse_args(argv=None):
     args.shots = {"gsm8k": 1, "math": 4}.get(args.task, 0) if args.shots is None else args.shots
     args.max_new_tokens = args.max_new_tokens or {"gsm8k": 256, "math": 512}.get(args.task, 0)
     args.out_dir = args.out_dir or f"out/eval/{args.task}"
+    args.tok_path = args.init  # where the tokenizer is; main() sets it from surgery.load_model
     return args
 
 
@@ -300,9 +301,10 @@ def load_bin(args, model):
         meta = load_meta(args.data)
         if meta["vocab_size"] > model.config.vocab_size:
             raise ValueError(f"data vocab {meta['vocab_size']} > model vocab {model.config.vocab_size}")
-        if any((Path(args.init) / f).exists() for f in ("tokenizer.json", "tokenizer.model", "original")):
+        tok_path = Path(args.tok_path)
+        if tok_path.suffix == ".gguf" or any((tok_path / f).exists() for f in ("tokenizer.json", "tokenizer.model", "original")):
             from tokenizer import load_tokenizer  # text data: same tokenizer as the model, or the loss is noise
-            check_tokenizer(meta, load_tokenizer(args.init).fingerprint, args.data, args.init)
+            check_tokenizer(meta, load_tokenizer(args.tok_path).fingerprint, args.data, args.init)
         return (meta,) + open_split(args.data, args.split, meta)
     except (FileNotFoundError, ValueError) as e:
         raise EvalError(str(e)) from None
@@ -488,9 +490,9 @@ def run_task(args, model):
     if args.task in ("gsm8k", "math"):
         from tokenizer import load_tokenizer
         try:
-            tok = load_tokenizer(args.init)
+            tok = load_tokenizer(args.tok_path)
         except (FileNotFoundError, ValueError) as e:
-            raise EvalError(f"no tokenizer in {args.init} ({e}): copy one there with tokenizer.save_tokenizer_files")
+            raise EvalError(f"no tokenizer in {args.tok_path} ({e}): copy one there with tokenizer.save_tokenizer_files")
         return run_generation(args, model, tok), None
     return run_depth(args, model) if args.task == "depth" else run_loss(args, model)
 
@@ -499,11 +501,14 @@ def main(argv=None):
     args = parse_args(argv)
     print("config:", json.dumps(vars(args)))
     torch.manual_seed(args.seed)
-    from model import RecurrentGPT
-    try:
-        model = RecurrentGPT.from_pretrained(args.init, device=args.device).eval()
-    except (FileNotFoundError, ValueError) as e:
+    from hub import CheckpointError
+    from surgery import SurgeryError, load_model
+
+    try:  # a checkpoint dir, a raven checkpoint, or a parent (all layers, identity adapter)
+        model, args.tok_path = load_model(args.init, device=args.device)
+    except (FileNotFoundError, ValueError, SurgeryError, CheckpointError) as e:
         raise EvalError(str(e)) from None
+    model.eval()
     if not model.config.recurrent and args.r != [1]:
         print("static-depth model: num_steps has no effect, evaluating once (r=1)")
         args.r = [1]

@@ -366,7 +366,7 @@ def test_loss_matches_model_loss(depth_setup, tmp_path):
 
 def test_cli_errors_are_one_line(smol_tok_dir, tmp_path):
     env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    runs = [(["--init", str(tmp_path / "missing"), "--task", "depth", "--data", str(tmp_path)], "config.json"),
+    runs = [(["--init", str(tmp_path / "missing"), "--task", "depth", "--data", str(tmp_path)], "no such file or directory"),
             (["--init", str(smol_tok_dir), "--task", "gsm8k", "--limit", "1"], "offline")]
     for argv, needle in runs:
         r = subprocess.run([sys.executable, "eval_math.py", *argv], cwd=REPO, capture_output=True, text=True,
