@@ -15,7 +15,7 @@ out and is trained on the labels that need <= i steps (data with DIR/{split}_ste
     python train.py --init=llama --shape 4,6,4 --data data/fineweb_edu --out_dir out/phase1
     python train.py --config config/llama_4_6_4.json      # phase 1; phase 2: see that file's "phase2"
     torchrun --standalone --nproc_per_node=8 train.py --config config/llama_4_6_4.json
-    python train.py --resume --out_dir out/train          # continue a run exactly where it stopped
+    python train.py --resume                              # continue the run in out/ exactly where it stopped
 
 Outputs in --out_dir: model.safetensors + config.json (run config under "train"), tokenizer files,
 train_state.pt (optimizers, step, RNG), log.jsonl (one line per optimizer step and per eval).
@@ -51,7 +51,7 @@ DEFAULTS = dict(
     untie=False,  # untie the head from the embedding (the published retrofits do)
     n_embd=64, n_head=4, n_kv_head=0, intermediate_size=0,  # --init=scratch only (0: n_head, 4 n_embd)
     # data
-    data="data/sotu", out_dir="out/train",
+    data="data/sotu", out_dir="out",  # nanoGPT's out/: where sample.py looks by default
     batch_size=4, block_size=256,  # micro-batch rows and tokens per row (row data uses its seq_len)
     total_batch_tokens=0,  # tokens per optimizer step over all ranks (gradient accumulation); 0 = one micro-batch
     # optimization
