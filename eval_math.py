@@ -59,7 +59,7 @@ def parse_args(argv=None):
     p.add_argument("--shots", type=int, default=None, help="exemplars (default: gsm8k 1, math 4)")
     p.add_argument("--chat", action="store_true", help="wrap prompts in the parent's chat template")
     p.add_argument("--max_new_tokens", type=int, default=None, help="default: gsm8k 256, math 512")
-    p.add_argument("--chunk", type=int, default=64, help="tokens per generate() call between stop-string checks")
+    p.add_argument("--chunk", type=int, default=0, help="tokens per generate() call (0: all of --max_new_tokens in one)")
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--exit_criterion", default=None, help="adaptive exit (sample.py), e.g. kl")
     p.add_argument("--exit_threshold", type=float, default=None)
@@ -231,21 +231,23 @@ def accept(tok, done, new, stop_re, eos_ids):
 
 
 def complete(model, tok, prompts, r, args, eos_ids, seed):
-    """Greedy completions of a batch, generated --chunk tokens at a time until a stop string, EOS or
-    --max_new_tokens. sample.generate knows only EOS, so each chunk re-reads prompt + tokens so far
-    (one extra prefill per chunk) and stops the rows that hit a stop string.
+    """Greedy completions of a batch until a stop string, EOS or --max_new_tokens. generate() ends a row
+    once its text contains a stop string (its stop= callback); with --chunk the tokens come in chunks,
+    each re-reading prompt + tokens so far.
 
     Returns [(text, n_tokens, loops)], text cut before the stop string."""
     from sample import generate
 
     gen, loops, text = [[] for _ in prompts], [0] * len(prompts), [None] * len(prompts)
-    for c in range(0, args.max_new_tokens, args.chunk):
+    chunk = args.chunk or args.max_new_tokens
+    for c in range(0, args.max_new_tokens, chunk):
         active = [i for i in range(len(prompts)) if text[i] is None]
         if not active:
             break
-        outs = generate(model, [prompts[i] + gen[i] for i in active], max_new_tokens=min(args.chunk,
+        outs = generate(model, [prompts[i] + gen[i] for i in active], max_new_tokens=min(chunk,
                         args.max_new_tokens - c), num_steps=r, temperature=0.0, eos_id=eos_ids or None,
-                        seed=seed + c, exit_criterion=args.exit_criterion, exit_threshold=args.exit_threshold)
+                        seed=seed + c, exit_criterion=args.exit_criterion, exit_threshold=args.exit_threshold,
+                        stop=lambda b, toks: STOP_RE[args.task].search(tok.decode(gen[active[b]] + toks)) is not None)
         for i, out in zip(active, outs):
             kept, finished, txt, used = accept(tok, gen[i], list(out.tokens), STOP_RE[args.task], eos_ids)
             gen[i] += kept

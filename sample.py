@@ -202,9 +202,11 @@ def filter_logits(logits, top_k=None, top_p=None):
 
 def generate(model, prompts, *, max_new_tokens, num_steps, temperature=0.0, top_k=None, top_p=None, eos_id=None,
              seed=None, cache=True, kv_budget=None, exit_criterion=None, exit_threshold=None, warm_start=False,
-             draft_r=None, draft_k=4, exit_min_steps=1, stats=None):
+             draft_r=None, draft_k=4, exit_min_steps=1, stats=None, stop=None):
     """Complete each prompt (a list of token ids); batched with left padding. eos_id: an int, a
     collection of ints or None. stats: an optional dict that receives timings and counts.
+    stop: an optional callable(row, tokens) -> bool, asked after every new token of a row (its new
+    tokens so far); True ends that row as EOS would (stop strings; not with draft_r).
     Returns one Completion per prompt."""
     c = model.config
     r = (num_steps if num_steps is not None else c.mean_recurrence) if c.recurrent else 1
@@ -221,10 +223,12 @@ def generate(model, prompts, *, max_new_tokens, num_steps, temperature=0.0, top_
     try:
         with torch.inference_mode():
             if draft_r is not None:
+                if stop is not None:
+                    raise ValueError("stop= is not supported with draft_r (self-speculative decoding)")
                 return [_speculative(model, p, r, draft_r, draft_k, max_new_tokens, eos, kv_budget, gen, stats)
                         for p in prompts]
             return _batch(model, prompts, r, max_new_tokens, temperature, top_k, top_p, eos, gen, cache,
-                          kv_budget, rule, warm_start, stats)
+                          kv_budget, rule, warm_start, stats, stop)
     finally:
         model.train(was_training)
 
@@ -258,7 +262,7 @@ def _check(c, prompts, max_new_tokens, r, temperature, top_k, top_p, cache, kv_b
 
 
 def _batch(model, prompts, r, max_new_tokens, temperature, top_k, top_p, eos, gen, cache, kv_budget, rule,
-           warm_start, stats):
+           warm_start, stats, stop=None):
     c, device = model.config, model.embed_tokens.weight.device
     B, L = len(prompts), max(len(p) for p in prompts)
     pads = [L - len(p) for p in prompts]
@@ -280,7 +284,7 @@ def _batch(model, prompts, r, max_new_tokens, temperature, top_k, top_p, eos, ge
             if not done[b]:
                 out[b].tokens.append(tok)
                 out[b].loops.append(n)
-                done[b] = tok in eos
+                done[b] = tok in eos or (stop is not None and bool(stop(b, out[b].tokens)))
         if all(done) or t + 1 == max_new_tokens:
             break
         if kv is not None:

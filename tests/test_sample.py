@@ -336,3 +336,21 @@ def test_cli_prints_only_completions_on_stdout(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         main(["--init", str(ckpt), "--prompt=FILE:/nonexistent/prompts.txt", "--threads=1"])
     assert err.value.code == 1 and "cannot read prompts" in capsys.readouterr().err
+
+
+def test_stop_callback_ends_only_its_row():
+    # stop= ends a row as EOS would (eval_math's stop strings); the other rows go on unchanged
+    model = tiny()
+    prompts = [[3, 1, 4], [1, 5, 9, 2]]
+    full = generate(model, prompts, max_new_tokens=8, num_steps=3)
+    calls = []
+
+    def stop(row, tokens):
+        calls.append((row, len(tokens)))
+        return row == 0 and len(tokens) == 3
+
+    cut = generate(model, prompts, max_new_tokens=8, num_steps=3, stop=stop)
+    assert cut[0].tokens == full[0].tokens[:3] and cut[1].tokens == full[1].tokens
+    assert len(full[0].tokens) == 8 and (0, 4) not in calls and (1, 8) in calls
+    with pytest.raises(ValueError, match="draft_r"):
+        generate(model, [prompts[0]], max_new_tokens=4, num_steps=3, draft_r=1, stop=stop)
