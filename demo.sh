@@ -26,7 +26,9 @@ python data/sotu/prepare.py --tokenizer "$OUT/smollm2_6_8_6" --out_dir "$OUT/dat
 step "2c. healing: Muon + AdamW, r ~ Poisson-lognormal around 4, truncated backprop k=8"
 python train.py --config config/cpu_smollm2.json --init "$OUT/smollm2_6_8_6" --data "$OUT/data_sotu" \
   --out_dir "$OUT/smollm2_healed" --max_iters 30 --eval_interval 15 --eval_r 1,4
-step "2d. validation loss of the healed model against r (before healing: train.py's step-0 line above)"
+step "2d. validation loss on the same batches: the uncut parent, the cut, and the healed model against r"
+python eval_math.py --init smollm2 --task loss --data "$OUT/data_sotu" --r 1 --num_batches 2 --out_dir "$OUT/eval_loss_parent"
+python eval_math.py --init "$OUT/smollm2_6_8_6" --task loss --data "$OUT/data_sotu" --r 1 --num_batches 2 --out_dir "$OUT/eval_loss_cut"
 python eval_math.py --init "$OUT/smollm2_healed" --task loss --data "$OUT/data_sotu" --r 1,4,16 --num_batches 2 --out_dir "$OUT/eval_loss"
 step "2e. samples at several r (greedy)"
 for r in 1 4 16; do
