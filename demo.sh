@@ -9,6 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-out/demo}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}  # the demo needs no hub: smollm2 resolves to the GGUF from PyPI
 step() { printf '\n=== %s\n' "$*"; }
 start=$(date +%s)
 
