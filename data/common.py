@@ -205,6 +205,18 @@ def print_summary(out_dir, meta, files):
 # tokenizer and documents (text sets)
 
 
+def jsonl_rows(path):
+    """(line number, parsed object) for every non-blank line of a .jsonl file; bad JSON is a one-line DataError."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+
+
 def add_repo_root_to_path():
     """prepare.py runs as `python data/<set>/prepare.py`: make tokenizer.py, hub.py importable."""
     if str(REPO_ROOT) not in sys.path:

@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
 from data.common import (IGNORE_INDEX, SPLITS, BinWriter, DataError, get_tokenizer, hub_download,
-                         is_val_doc, print_summary, remove_stale, require_pyarrow,
+                         is_val_doc, jsonl_rows, print_summary, remove_stale, require_pyarrow,
                          run_main, separator, token_dtype, write_meta, write_text_dataset)
 
 REPO_ID = "openai/gsm8k"
@@ -50,17 +50,10 @@ def format_example(question, answer):
 
 def read_jsonl(path):
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
-                raise DataError(f"{path}:{lineno}: needs string fields 'question' and 'answer'")
-            rows.append((row["question"], row["answer"]))
+    for lineno, row in jsonl_rows(path):
+        if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
+            raise DataError(f"{path}:{lineno}: needs string fields 'question' and 'answer'")
+        rows.append((row["question"], row["answer"]))
     return rows
 
 

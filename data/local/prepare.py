@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
-from data.common import DataError, get_tokenizer, print_summary, run_main, write_text_dataset
+from data.common import DataError, get_tokenizer, jsonl_rows, print_summary, run_main, write_text_dataset
 
 
 def find_files(root):
@@ -37,18 +37,10 @@ def documents(files, text_field):
         if path.suffix == ".txt":
             yield path.read_text(encoding="utf-8", errors="replace")
             continue
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-                if not isinstance(row, dict) or not isinstance(row.get(text_field), str):
-                    raise DataError(f"{path}:{lineno}: no string field {text_field!r} "
-                                    f"(pass --text_field)")
-                yield row[text_field]
+        for lineno, row in jsonl_rows(path):
+            if not isinstance(row, dict) or not isinstance(row.get(text_field), str):
+                raise DataError(f"{path}:{lineno}: no string field {text_field!r} (pass --text_field)")
+            yield row[text_field]
 
 
 def main():
