@@ -242,13 +242,13 @@ class RecurrentGPT(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
 
     @torch.no_grad()
-    def reset_adapter(self):
-        """Initialize the adapter W (h, 2h) on cat[s, e] by config.adapter_init."""
-        h, W = self.config.n_embd, self.adapter.weight
+    def reset_adapter(self, mode=None):
+        """Initialize the adapter W (h, 2h) on cat[s, e] by `mode` (default config.adapter_init)."""
+        h, W, mode = self.config.n_embd, self.adapter.weight, mode or self.config.adapter_init
         eye = torch.eye(h, dtype=W.dtype, device=W.device)
-        if self.config.adapter_init == "identity":  # [0 | I]: output = e, so one loop = the parent
+        if mode == "identity":  # [0 | I]: output = e, so one loop = the parent
             W.copy_(torch.cat([torch.zeros_like(eye), eye], dim=1))
-        elif self.config.adapter_init == "sum":  # (s + e) / sqrt 2
+        elif mode == "sum":  # (s + e) / sqrt 2
             W.copy_(torch.cat([eye, eye], dim=1) / math.sqrt(2))
         else:
             self.adapter.reset_parameters()
