@@ -1,0 +1,74 @@
+"""
+What the scripts' command lines share: flags checked before any model loads, an output directory
+checked before long work starts, and failures as one line that names the problem and the fix.
+
+train.py, eval_math.py, analyze.py, sample.py and surgery.py call these and print the ValueError's
+message as their own one-line error (exit code 1), never a traceback:
+
+    from cli import Parser, int_list, at_least, ready_out_dir, os_error
+    p = Parser(description=...)                        # argparse, but a bad flag is one line, not the usage
+    shape = int_list(args.shape, "--shape", n=3)       # "6,8,6" -> [6, 8, 6]
+    at_least(args, 1, "max_new_tokens", "batch_size")  # "--batch_size 0 must be >= 1"
+    ready_out_dir(args.out_dir)                        # created and written to before the evaluation
+
+    python -m pytest -q tests/test_eval_math.py -k out_dir   # the checks in use
+"""
+
+import argparse
+import errno
+import os
+from pathlib import Path
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit code 2): the error names the flag, --help shows the usage."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def int_list(text, flag, n=None, minimum=1):
+    """'1,4,8' -> [1, 4, 8]. A ValueError naming the flag when an entry is not an integer >= minimum,
+    when the list is empty, or (with n) when it does not hold exactly n entries."""
+    what = f"{n} comma-separated integers" if n else "comma-separated integers"
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or (n and len(values) != n) or min(values) < minimum:
+        raise ValueError(f"{flag} {text!r} must be {what}, each >= {minimum}")
+    return values
+
+
+def at_least(args, minimum, *names):
+    """A ValueError naming the first flag in names whose value is below minimum (None: not set)."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < minimum:
+            raise ValueError(f"--{name} {value} must be >= {minimum}")
+
+
+def os_error(err, where):
+    """One line for an OSError while reading or writing under `where`: the path, the system's reason,
+    and what to do about a full disk or a missing permission."""
+    fix = {errno.ENOSPC: "free space on that disk or write elsewhere (--out_dir)",
+           errno.EDQUOT: "free space (the disk quota is used up) or write elsewhere (--out_dir)",
+           errno.EACCES: "pick a directory you may write (--out_dir)", errno.EROFS: "pick a writable disk (--out_dir)"}
+    path = err.filename or where
+    return f"{path}: {err.strerror or err}: {fix.get(err.errno, 'check the path')}"
+
+
+def ready_out_dir(path, flag="--out_dir"):
+    """Create the output directory and write a probe file in it, so that a file in the way, a missing
+    permission or a read-only disk stops a script before its long work rather than after it."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{flag} {path} is an existing file, not a directory: pass another {flag} or move the file")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".write_probe.{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(f"{flag} {path} is not writable: {os_error(err, path)}") from None
+    return p
