@@ -390,7 +390,7 @@ def analyze_layers(args):
     from tokenizer import load_tokenizer
 
     shape = parse_shape(args.shape)
-    model, src = retrofit(args.layers_of, static=True)
+    model, src = retrofit(args.layers_of, shape=None, static=True)  # every layer, in order
     model = model.to(args.device).eval()
     if args.calib == "builtin":
         text = CALIBRATION_TEXT

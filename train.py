@@ -45,7 +45,7 @@ DEFAULTS = dict(
     init="smollm2",  # parent (short name, hub id, dir, .gguf), a checkpoint dir to continue from, or "scratch"
     shape="6,8,6",  # prelude, core, coda layers (a mild cut of SmolLM2's 30: reference.md section 5)
     layers="",  # explicit parent layer map, e.g. 0-3,6-11,12-15 (overrides --shape)
-    static=False,  # train the non-recurrent baseline (the whole parent, no loop) on the same data
+    static=False,  # the non-recurrent baseline: the same layers run once (P+R+C = all layers: the whole parent)
     adapter_init="identity",  # [0 | I]: r=1 equals the layer-dropped parent
     state_init="",  # normal | zero | embed; "" keeps the model's own
     untie=False,  # untie the head from the embedding (the published retrofits do)

@@ -88,17 +88,23 @@ def test_all_layers_equal_parent(parent):
         assert (logits - ref).abs().max().item() <= TOL, family
 
 
-def test_dropped_layers_equal_pruned_parent(parent):
-    family, hf, path = parent
-    model, _ = retrofit(str(path), shape=(1, 2, 1))  # keeps 0 | 3,4 | 5: layers 1 and 2 dropped
-    assert model.config.layers == {"prelude": [0], "core": [3, 4], "coda": [5]}
-    kept = [0, 3, 4, 5]
+def pruned_logits(hf, kept, idx):
+    """Logits of the transformers parent with only the layers `kept` (it is changed in place): the
+    reference of every cut."""
     hf.model.layers = torch.nn.ModuleList(hf.model.layers[i] for i in kept)
     hf.config.num_hidden_layers = len(kept)
     if getattr(hf.config, "layer_types", None):
         hf.config.layer_types = [hf.config.layer_types[i] for i in kept]
+    with torch.no_grad():
+        return hf(idx, use_cache=False).logits
+
+
+def test_dropped_layers_equal_pruned_parent(parent):
+    family, hf, path = parent
+    model, _ = retrofit(str(path), shape=(1, 2, 1))  # keeps 0 | 3,4 | 5: layers 1 and 2 dropped
+    assert model.config.layers == {"prelude": [0], "core": [3, 4], "coda": [5]}
     idx = torch.randint(0, 320, (1, 24), generator=torch.Generator().manual_seed(2))
-    ref = hf(idx, use_cache=False).logits
+    ref = pruned_logits(hf, [0, 3, 4, 5], idx)
     logits, _ = model.eval()(idx, num_steps=1)
     assert (logits - ref).abs().max().item() <= TOL, family
 
@@ -167,6 +173,26 @@ def test_cli_bad_input_one_line(tmp_path):
         assert "Traceback" not in res.stderr, res.stderr
         assert len(res.stderr.strip().splitlines()) == 1, res.stderr
         assert res.stderr.startswith("surgery.py: error:"), res.stderr
+
+
+def test_cli_static_takes_the_cuts_layers_and_checks_honestly(tmp_path):
+    # --static used to keep "the whole parent" by P and C alone: 4,1,4 on 6 layers made 8 blocks with
+    # layers 2-3 twice, and printed a self-check of 0.00e+00 that never ran
+    make_parent("smollm2", tmp_path / "parent")
+    res = run_cli("--init", str(tmp_path / "parent"), "--static", "--shape", "4,1,4", "--out", str(tmp_path / "bad"))
+    assert res.returncode == 1 and "needs 9 layers but the parent has 6" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
+    idx = torch.randint(0, 320, (1, 24), generator=torch.Generator().manual_seed(3))
+    for flags, kept in ((("--shape", "2,1,2"), [0, 1, 3, 4, 5]), (("--layers", "0-0,2-3,5-5"), [0, 2, 3, 5])):
+        out = tmp_path / flags[1]
+        res = run_cli("--init", str(tmp_path / "parent"), "--static", *flags, "--out", str(out))
+        assert res.returncode == 0, res.stderr
+        assert "max abs logit diff" not in res.stdout and "self-check: none for a static model" in res.stdout
+        model = RecurrentGPT.from_pretrained(str(out)).eval()
+        layers = model.config.layers
+        assert not model.config.recurrent and layers["prelude"] + layers["core"] + layers["coda"] == kept
+        ref = pruned_logits(make_parent("smollm2", tmp_path / "ref"), kept, idx)
+        assert (model(idx)[0] - ref).abs().max().item() <= TOL
 
 
 def test_llama3_rope_scaling_matches_transformers():
