@@ -53,12 +53,21 @@ def run_main(main):
 # reading
 
 
+def prepare_command(data_dir):
+    """The command that writes data_dir: the prepare.py of the set its name mentions (data/fineweb_edu,
+    out/demo/data_sotu), else a placeholder and the list of sets."""
+    sets = sorted(p.parent.name for p in (REPO_ROOT / "data").glob("*/prepare.py"))
+    named = [s for s in sets if s in Path(data_dir).resolve().name]
+    which = max(named, key=len) if named else "<set>"
+    also = "" if named else f" (<set>: one of {', '.join(sets)})"
+    return f"python data/{which}/prepare.py --out_dir {data_dir}{also}"
+
+
 def load_meta(data_dir):
     """meta.json of a prepared data dir as a dict; one-line error when it is missing."""
     path = Path(data_dir) / "meta.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run the data set's prepare.py first "
-                                f"(e.g. python data/sotu/prepare.py --out_dir {data_dir})")
+        raise FileNotFoundError(f"{data_dir} is not prepared ({path} not found): run {prepare_command(data_dir)}")
     with open(path, encoding="utf-8") as f:
         return json.load(f)
 
@@ -66,6 +75,10 @@ def load_meta(data_dir):
 def _memmap(path, dtype, what):
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: {what}; rerun prepare.py")
+    size, dtype = path.stat().st_size, np.dtype(dtype)  # np.memmap's own errors name no file
+    if size == 0 or size % dtype.itemsize:
+        problem = "is empty" if size == 0 else f"has {size} bytes, not a whole number of {dtype.name} values"
+        raise ValueError(f"{path} {problem}: truncated or from another run; rerun prepare.py")
     return np.memmap(path, dtype=dtype, mode="r")
 
 

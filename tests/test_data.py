@@ -179,6 +179,21 @@ def test_check_tokenizer_and_open_split_errors(tmp_path, depth_dir):
         open_split(tmp_path, "train")
 
 
+def test_truncated_bin_files_and_missing_dirs_name_the_fix(tmp_path, depth_dir):
+    # np.memmap's own errors ("cannot mmap an empty file") named no file and no fix
+    for name in ("meta.json", "train_targets.bin", "train_step.bin"):
+        (tmp_path / name).write_bytes((depth_dir / name).read_bytes())
+    ids = (depth_dir / "train.bin").read_bytes()
+    for data, problem in ((b"", "is empty"), (ids[:-1], f"has {len(ids) - 1} bytes, not a whole number of uint16")):
+        (tmp_path / "train.bin").write_bytes(data)
+        with pytest.raises(ValueError) as e:
+            open_split(tmp_path, "train")
+        assert f"{tmp_path / 'train.bin'} {problem}" in str(e.value) and "rerun prepare.py" in str(e.value)
+    # a data dir not prepared yet: the command of the set its name asks for (it was always sotu's)
+    with pytest.raises(FileNotFoundError, match="run python data/fineweb_edu/prepare.py --out_dir .*fineweb_edu_llama$"):
+        load_meta(tmp_path / "fineweb_edu_llama")
+
+
 # ---------------------------------------------------------------------------------------------
 # hub scripts: without the hub they fail with one clear line
 
