@@ -261,6 +261,40 @@ def llama_dir(smol_dir, tmp_path_factory):
                              "<|begin_of_text|>", "<|im_end|>")
 
 
+def test_depth_in_a_parents_vocabulary(smol_dir, depth_dir, tmp_path):
+    """--tokenizer renders the same rows in SmolLM2's tokens: one token per element and answer,
+    <|endoftext|> (the document start rule) first, the tokenizer's fingerprint in meta.json."""
+    from tokenizer import load_tokenizer
+
+    tok = load_tokenizer(smol_dir)
+    r = run_script("data/depth/prepare.py", "--tokenizer", smol_dir, "--out_dir", tmp_path, "--train_k", 5,
+                   "--test_k", 9, "--num_train", 3000, "--num_val", 300, "--seed", 5)
+    assert r.returncode == 0, r.stderr
+    meta = load_meta(tmp_path)
+    assert meta["fingerprint"] == tok.fingerprint and meta["vocab_size"] == tok.vocab_size == 49152
+    check_tokenizer(meta, tok.fingerprint)  # what train.py and eval_math.py check for a SmolLM2 cut
+    elem_ids = [tok.encode(w) for w in depth.WORDS[0]]
+    answer_ids = [tok.encode(w) for w in depth.WORDS[1]]
+    assert all(len(e) == 1 for e in elem_ids + answer_ids)
+    assert meta["element_ids"] == [e[0] for e in elem_ids] and meta["answer_ids"] == [a[0] for a in answer_ids]
+    assert meta["bos_id"] == tok.token_to_id("<|endoftext|>") == 0
+    for split in ("train", "val"):
+        ids, targets, steps = (a.reshape(-1, 10) for a in open_split(tmp_path, split))
+        rids, rtargets, rsteps = (a.reshape(-1, 10) for a in open_split(depth_dir, split))
+        # the same problems, labels and depths as the task's own vocabulary, token by token
+        to_parent = np.array([meta["bos_id"], *meta["element_ids"], *meta["answer_ids"], meta["pad_id"]])
+        assert (ids == to_parent[rids]).all() and (steps == rsteps).all()
+        assert (targets == np.where(rtargets >= 0, to_parent[np.maximum(rtargets, 0)], -1)).all()
+        assert not np.isin(ids, meta["answer_ids"]).any()
+    assert tok.decode(ids[0, :6].tolist()).startswith("<|endoftext|> ")
+    # a word that is not one token of the vocabulary is refused before any work
+    class TwoTokens:
+        source = "a tokenizer"
+        encode = staticmethod(lambda text: [1, 2])
+    with pytest.raises(DataError, match="not one"):
+        depth.parent_vocab(TwoTokens())
+
+
 def split_docs(ids, sep):
     """Documents of a stream separated by sep = (kind, id): each starts with the BOS or ends
     with the EOS, and the separator id occurs nowhere else."""

@@ -24,9 +24,18 @@ add padding. Val rows have k = test_k, giving the same number of labels at every
 1..test_k; group accuracy by the step array. Val rows whose first train_k elements occur in a
 train row are redrawn, so accuracy even at trained depths is measured on unseen problems.
 
+In a parent's own vocabulary (--tokenizer, for a retrofitted model such as SmolLM2): the same
+rows, each element and each answer one token of that vocabulary (WORDS below: element i is the
+word " a".." f", its product the capital " A".." F"), the row's first token the parent's document
+start (tokenizer.document_separator: <|endoftext|> for SmolLM2, BOS for Llama-3), padding the same
+token (it only ever follows the last label, so causal attention never reads it for a label), and
+meta.json carrying the tokenizer's fingerprint, so train.py and eval_math.py accept the data for
+models of that parent only.
+
 Run:
   python data/depth/prepare.py --out_dir data/depth          # 50k train rows, 1k val rows
   python data/depth/prepare.py --out_dir /tmp/depth --train_k 6 --test_k 12 --num_train 20000
+  python data/depth/prepare.py --tokenizer smollm2 --out_dir data/depth_smollm2   # SmolLM2's tokens
 Writes DIR/{train,val}.bin (uint16 ids), DIR/{train,val}_targets.bin (int32, -1 = ignore),
 DIR/{train,val}_step.bin (uint8) and DIR/meta.json (format: data/common.py).
 """
@@ -41,8 +50,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
-from data.common import (IGNORE_INDEX, BinWriter, DataError, print_summary, remove_stale,
-                         run_main, write_meta)
+from data.common import (IGNORE_INDEX, BinWriter, DataError, get_tokenizer, print_summary,
+                         remove_stale, run_main, separator, token_dtype, write_meta)
 
 # -----------------------------------------------------------------------------
 # The group S3: the 6 permutations of (0, 1, 2), in lexicographic order (index 0 = identity).
@@ -79,14 +88,34 @@ TOKENS = (["<bos>"] + ["g" + "".join(map(str, e)) for e in ELEMENTS]
 VOCAB_SIZE = len(TOKENS)  # 14
 
 
+# In a parent's vocabulary: element i -> WORDS[0][i], product p -> WORDS[1][p], each one token.
+WORDS = ((" a", " b", " c", " d", " e", " f"), (" A", " B", " C", " D", " E", " F"))
+
+
+def parent_vocab(tok):
+    """(bos, element ids, answer ids, pad) in the tokenizer `tok`; one-line error if a word is not
+    one token there."""
+    ids = []
+    for word in WORDS[0] + WORDS[1]:
+        enc = tok.encode(word)
+        if len(enc) != 1:
+            raise DataError(f"{word!r} is {len(enc)} tokens in {tok.source}, not one: "
+                            f"the depth task needs single-token words (edit WORDS in {__file__})")
+        ids.append(enc[0])
+    start = separator(tok)[1]
+    return start, tuple(ids[:6]), tuple(ids[6:]), start
+
+
 def vocab_fingerprint():
     """Hash of the vocabulary description: data and model must agree on it like on a tokenizer."""
     desc = {"task": "s3_running_product", "tokens": TOKENS, "composition": "(a b)(i) = a(b(i))"}
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def make_rows(elems, seq_len):
-    """(N, k) element indices -> ids, targets, steps arrays of shape (N, seq_len)."""
+def make_rows(elems, seq_len, vocab=(BOS_ID, ELEM_IDS, ANSWER_IDS, PAD_ID), dtype=np.uint16):
+    """(N, k) element indices -> ids, targets, steps arrays of shape (N, seq_len); vocab =
+    (bos, element ids, answer ids, pad), the task's own by default."""
+    bos, elem_ids, answer_ids, pad = (np.asarray(v, dtype=np.int64) for v in vocab)
     n, k = elems.shape
     mul = np.asarray(MUL, dtype=np.int64)
     prods = np.empty_like(elems)
@@ -94,11 +123,11 @@ def make_rows(elems, seq_len):
     for t in range(k):  # the k sequential steps, vectorized over rows
         p = mul[p, elems[:, t]]
         prods[:, t] = p
-    ids = np.full((n, seq_len), PAD_ID, dtype=np.uint16)
-    ids[:, 0] = BOS_ID
-    ids[:, 1:k + 1] = elems + ELEM_IDS[0]
+    ids = np.full((n, seq_len), pad, dtype=dtype)
+    ids[:, 0] = bos
+    ids[:, 1:k + 1] = elem_ids[elems]
     targets = np.full((n, seq_len), IGNORE_INDEX, dtype=np.int32)
-    targets[:, 1:k + 1] = prods + ANSWER_IDS[0]  # prediction AT position t (holding g_t) is p_t
+    targets[:, 1:k + 1] = answer_ids[prods]  # prediction AT position t (holding g_t) is p_t
     steps = np.zeros((n, seq_len), dtype=np.uint8)
     steps[:, 1:k + 1] = np.arange(1, k + 1, dtype=np.uint8)
     return ids, targets, steps
@@ -133,6 +162,9 @@ def draw_val(rng, num_val, test_k, train_k, seen):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--out_dir", default=str(Path(__file__).resolve().parent))
+    parser.add_argument("--tokenizer", default="", help="render the task in a parent's vocabulary "
+                        "(checkpoint dir, .gguf, hub id or short name such as smollm2); "
+                        "default: the task's own 14 tokens")
     parser.add_argument("--train_k", type=int, default=6, help="steps per train row")
     parser.add_argument("--test_k", type=int, default=12, help="steps per val row (> train_k "
                         "measures extrapolation)")
@@ -146,6 +178,17 @@ def main():
     if args.num_train < 1 or args.num_val < 1:
         raise DataError("--num_train and --num_val must be >= 1")
 
+    if args.tokenizer:  # checked first: a bad tokenizer fails before any work
+        tok = get_tokenizer(args.tokenizer)
+        vocab, dtype = parent_vocab(tok), token_dtype(tok.vocab_size)
+        tokens = dict(tokenizer=args.tokenizer, fingerprint=tok.fingerprint, vocab_size=tok.vocab_size,
+                      tokens={"elements": WORDS[0], "answers": WORDS[1]}, dtype=np.dtype(dtype).name)
+    else:
+        vocab, dtype = (BOS_ID, ELEM_IDS, ANSWER_IDS, PAD_ID), np.uint16
+        tokens = dict(tokenizer="depth task vocabulary", fingerprint=vocab_fingerprint(),
+                      vocab_size=VOCAB_SIZE, tokens=TOKENS, dtype="uint16")
+    bos_id, elem_ids, answer_ids, pad_id = vocab
+
     rng = np.random.default_rng(args.seed)
     seq_len = args.test_k + 1
     train = rng.integers(0, 6, size=(args.num_train, args.train_k), dtype=np.int64)
@@ -156,7 +199,7 @@ def main():
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
     for split, elems in (("train", train), ("val", val)):
-        arrays = make_rows(elems, seq_len)
+        arrays = make_rows(elems, seq_len, vocab, dtype)
         for suffix, arr in zip(("", "_targets", "_step"), arrays):
             w = BinWriter(out_dir / f"{split}{suffix}.bin", arr.dtype)
             w.write(arr.ravel())
@@ -167,10 +210,8 @@ def main():
     meta = {
         "dataset": "depth", "task": "s3_running_product", "script": "data/depth/prepare.py",
         "source": "generated by data/depth/prepare.py (no download)",
-        "tokenizer": "depth task vocabulary", "fingerprint": vocab_fingerprint(),
-        "vocab_size": VOCAB_SIZE, "tokens": TOKENS, "dtype": "uint16",
-        "bos_id": BOS_ID, "eos_id": None, "pad_id": PAD_ID,
-        "element_ids": list(ELEM_IDS), "answer_ids": list(ANSWER_IDS),
+        **tokens, "bos_id": int(bos_id), "eos_id": None, "pad_id": int(pad_id),
+        "element_ids": [int(i) for i in elem_ids], "answer_ids": [int(i) for i in answer_ids],
         "elements": [list(e) for e in ELEMENTS], "mul_table": [list(r) for r in MUL],
         "composition": "(a b)(i) = a(b(i)); label at step t is g1 g2 ... gt",
         "seq_len": seq_len, "train_max_k": args.train_k, "test_max_k": args.test_k,

@@ -1,0 +1,147 @@
+"""
+One trained result is an anecdote: train the same recipe under several seeds, evaluate each on the
+depth task, and report every (depth k, test loops r) cell as the mean and spread over the seeds.
+
+The claim under test is test-time depth (McLeish et al. 2025, arXiv 2511.07384; Geiping et al. 2025,
+arXiv 2502.05171): accuracy rises with the number of loops r. The seed of train.py sets the random
+init (from scratch), the batch order, the sampled r of each step and the s_0 draws; the data and the
+evaluation's s_0 draws stay fixed, so the spread is the spread of training.
+
+    python data/depth/prepare.py --out_dir data/depth
+    python repeat.py --out_dir out/seeds/depth --seeds 1337,2,3 -- --config config/cpu_depth.json --data data/depth
+    python repeat.py --out_dir out/seeds/depth_ss --seeds 1337,2,3 -- --config config/cpu_depth.json \\
+        --data data/depth --step_supervision
+Everything after `--` goes to train.py (per seed: --seed S --out_dir OUT/seed_S are added). Writes
+OUT/seed_S/ (the run and its eval/), OUT/summary.json (command, seeds, git commit, seconds, the
+table) and OUT/depth_seeds.png; prints the table as markdown. A seed whose run and evaluation are
+already in OUT with the same command is reused, never mixed with another command's.
+"""
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cli import int_list
+
+REPO = Path(__file__).resolve().parent
+
+
+def run(cmd):
+    print("+ " + shlex.join(cmd), flush=True)
+    if subprocess.run(cmd, cwd=REPO).returncode:
+        sys.exit(f"repeat.py: error: {shlex.join(cmd[:2])} failed (its message is above); fix it and rerun")
+
+
+def seed_result(seed, out_dir, train_args, eval_r, eval_args):
+    """The eval summary of one seed: trained and evaluated now, or reused when OUT/seed_S holds the
+    result of exactly this command."""
+    run_dir = out_dir / f"seed_{seed}"
+    train_cmd = [sys.executable, "train.py", *train_args, "--seed", str(seed), "--out_dir", str(run_dir)]
+    data = train_args[train_args.index("--data") + 1] if "--data" in train_args else "data/depth"
+    eval_cmd = [sys.executable, "eval_math.py", "--init", str(run_dir), "--task", "depth", "--data", data,
+                "--r", eval_r, "--out_dir", str(run_dir / "eval"), *eval_args]
+    stamp, want = run_dir / "repeat_command.json", {"train": train_cmd[1:], "eval": eval_cmd[1:]}
+    summary = run_dir / "eval" / "summary.json"
+    if stamp.is_file() and summary.is_file() and json.loads(stamp.read_text()) == want:
+        print(f"seed {seed}: reusing {summary}")
+    else:
+        if run_dir.exists() and any(run_dir.iterdir()):
+            if not stamp.is_file() or json.loads(stamp.read_text()) != want:
+                sys.exit(f"repeat.py: error: {run_dir} holds a run of another command: "
+                         f"remove it or choose another --out_dir")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(json.dumps(want))  # first: a half-finished seed is recognized as this command's
+        run(train_cmd)
+        run(eval_cmd)
+    return json.loads(summary.read_text())
+
+
+def aggregate(summaries):
+    """{k or seen/beyond: {r: {mean, std, min, max, values}}} over the seeds' eval summaries."""
+    table = {}
+    for s in summaries:
+        for row in s["results"]:
+            cells = {k: v["accuracy"] for k, v in row["by_k"].items()}
+            cells.update(seen=row["accuracy_seen_depth"], beyond=row["accuracy_beyond_depth"])
+            for k, acc in cells.items():
+                table.setdefault(k, {}).setdefault(str(row["r"]), []).append(acc)
+    return {k: {r: dict(mean=float(np.mean(v)), std=float(np.std(v, ddof=1)) if len(v) > 1 else 0.0,
+                        min=float(min(v)), max=float(max(v)), values=v) for r, v in by_r.items()}
+            for k, by_r in table.items()}
+
+
+def markdown(table, train_max_k, n_seeds):
+    rs = list(next(iter(table.values())))
+    head = f"| k (mean ± std over {n_seeds} seeds) | " + " | ".join(f"r={r}" for r in rs) + " |"
+    lines = [head, "|---" * (len(rs) + 1) + "|"]
+    for k in sorted((k for k in table if k.isdigit()), key=int) + ["seen", "beyond"]:
+        name = {"seen": f"all k <= {train_max_k}", "beyond": f"all k > {train_max_k}"}.get(k, k)
+        if k.isdigit() and int(k) > train_max_k:
+            name += " (beyond)"
+        lines.append(f"| {name} | " + " | ".join(f"{table[k][r]['mean']:.3f} ± {table[k][r]['std']:.3f}"
+                                               for r in rs) + " |")
+    return "\n".join(lines)
+
+
+def plot(table, train_max_k, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for k in sorted((k for k in table if k.isdigit()), key=int):
+        rs = [int(r) for r in table[k]]
+        ax.errorbar(rs, [c["mean"] for c in table[k].values()], yerr=[c["std"] for c in table[k].values()],
+                    marker="o", capsize=3, ls="-" if int(k) <= train_max_k else "--", label=f"k={k}")
+    ax.set_xscale("log", base=2)
+    ax.set(xticks=rs, xticklabels=rs, xlabel="test loops r", ylabel="accuracy (mean ± std over seeds)",
+           ylim=(0, 1.02), title=title)
+    ax.axhline(1 / 6, color="grey", lw=0.8, ls=":")  # chance: 6 answers
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main():
+    argv = sys.argv[1:]
+    train_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    ap.add_argument("--out_dir", required=True, help="one folder per seed goes inside")
+    ap.add_argument("--seeds", default="1337,2,3", help="train.py seeds, comma-separated (at least 3 for a claim)")
+    ap.add_argument("--r", default="1,2,4,8,16,32", help="test loops of the evaluation")
+    ap.add_argument("--eval_limit", type=int, default=0, help="first N validation rows only (0 = all)")
+    args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if any(flag in train_args for flag in ("--seed", "--out_dir")) or any(
+            a.startswith(("--seed=", "--out_dir=")) for a in train_args):
+        ap.error("--seed and --out_dir are set per seed by repeat.py; give --seeds and --out_dir before --")
+    try:
+        args.seeds = int_list(args.seeds, "--seeds", minimum=0)
+    except ValueError as err:
+        ap.error(str(err))
+    out_dir = Path(args.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        ap.error(f"--out_dir {out_dir} is a file: give a directory")
+    eval_args = ["--limit", str(args.eval_limit)] if args.eval_limit else []
+    t0 = time.time()
+    summaries = [seed_result(s, out_dir, train_args, args.r, eval_args) for s in args.seeds]
+    table, train_max_k = aggregate(summaries), summaries[0]["train_max_k"]
+    text = markdown(table, train_max_k, len(args.seeds))
+    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    out = {"command": shlex.join(["python", "repeat.py", *argv]), "seeds": args.seeds, "git_commit": git or None,
+           "seconds": time.time() - t0, "train_max_k": train_max_k, "table": table, "markdown": text}
+    (out_dir / "summary.json").write_text(json.dumps(out, indent=2))
+    plot(table, train_max_k, out_dir / "depth_seeds.png", f"{out_dir.name}: {len(args.seeds)} seeds")
+    print(f"\naccuracy by depth k and test loops r, mean ± std over seeds {args.seeds}:\n{text}")
+    print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'depth_seeds.png'} ({out['seconds']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""repeat.py: seeds trained and evaluated through the project's own scripts, the table equal to the mean
+and spread of the seeds' own eval summaries, reuse of finished seeds, and no mixing of commands.
+
+    python -m pytest -q tests/test_repeat.py
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+TINY = ["--init=scratch", "--shape", "1,1,1", "--n_embd=32", "--n_head=2", "--batch_size=8", "--eval_iters=1",
+        "--eval_r=1", "--mean_recurrence=2", "--backprop_depth=2", "--max_iters=3", "--warmup_iters=1",
+        "--eval_interval=3"]
+
+
+def repeat(*args):
+    return subprocess.run([sys.executable, "repeat.py", *map(str, args)], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_seeds_table_reuse_and_refusal(tmp_path):
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, "data/depth/prepare.py", "--out_dir", data, "--train_k", "3", "--test_k", "4",
+                    "--num_train", "256", "--num_val", "32"], cwd=REPO, env=ENV, check=True, capture_output=True)
+    out = tmp_path / "seeds"
+    p = repeat("--out_dir", out, "--seeds", "1,2", "--r", "1,2", "--", *TINY, "--data", data)
+    assert p.returncode == 0, p.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["seeds"] == [1, 2] and (out / "depth_seeds.png").stat().st_size > 0
+    per_seed = [json.loads((out / f"seed_{s}" / "eval" / "summary.json").read_text()) for s in (1, 2)]
+    for r_index, r in enumerate(("1", "2")):
+        for k in ("1", "4"):
+            accs = [s["results"][r_index]["by_k"][k]["accuracy"] for s in per_seed]
+            cell = summary["table"][k][r]
+            assert cell["values"] == accs and cell["mean"] == pytest.approx(np.mean(accs))
+            assert cell["std"] == pytest.approx(np.std(accs, ddof=1))
+    assert "| 4 (beyond) |" in summary["markdown"] and "| all k <= 3 |" in summary["markdown"]
+    # the two seeds trained differently (the seed reaches init, batches and r)
+    w = [(out / f"seed_{s}" / "model.safetensors").read_bytes() for s in (1, 2)]
+    assert w[0] != w[1]
+    # rerun: finished seeds are reused, not retrained
+    mtime = (out / "seed_1" / "model.safetensors").stat().st_mtime_ns
+    p = repeat("--out_dir", out, "--seeds", "1,2", "--r", "1,2", "--", *TINY, "--data", data)
+    assert p.returncode == 0 and "seed 1: reusing" in p.stdout
+    assert (out / "seed_1" / "model.safetensors").stat().st_mtime_ns == mtime
+    # another command into the same folder is refused, in one line, before it trains
+    p = repeat("--out_dir", out, "--seeds", "1", "--r", "1,2", "--", *TINY, "--data", data, "--adam_lr=1e-3")
+    assert p.returncode != 0 and p.stderr.strip().splitlines()[-1].startswith("repeat.py: error:")
+    assert "another command" in p.stderr
+    p = repeat("--out_dir", out, "--", *TINY, "--seed", "3")
+    assert p.returncode == 2 and "set per seed" in p.stderr
