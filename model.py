@@ -291,11 +291,15 @@ class RecurrentGPT(nn.Module):
             x = self.iter_norm(x)
         return x
 
-    def readout(self, s, rope, mask=None, cache=None):
+    def readout(self, s, rope, mask=None, cache=None, positions=None):
+        """Coda, final norm, head: (B, T, V) logits, or (N, V) at the N positions selected by the
+        boolean (B, T) `positions`. The coda runs on every position (attention needs them); the
+        head, a 49k-vocabulary matmul for the parents, only where a label is read out."""
         x = self.norm(s) if self.config.norm_before_coda else s
         for i, block in enumerate(self.coda):
             x = block(x, rope, mask, cache, ("coda", i, 0))
-        return self.lm_head(self.norm(x)).float()
+        x = self.norm(x)
+        return self.lm_head(x if positions is None else x[positions]).float()
 
     def split_steps(self, num_steps):
         """num_steps (int r, a pair (n, k), or None) -> (n iterations without grad, k with grad)."""

@@ -165,13 +165,26 @@ def batch_rows(step, global_rows, n, seed, split="train"):
     return torch.randint(n, (global_rows,), generator=g)
 
 
-def get_batch(data, rows, device):
-    """x, y (B, T) int64 and steps (B, T) or None, for the given rows of the global batch."""
+def labeled_length(data, rows):
+    """Row data: 1 + the last position that carries a label in any of these rows (the step's global
+    batch, so every rank cuts alike). Later columns are padding that a causal model never reads for
+    a label: cutting them is exact, and halves the work on the depth task's train rows (train_k + 1
+    of test_k + 1 columns carry labels)."""
+    if data["targets"] is None:
+        return data["T"]
+    labeled = np.flatnonzero((data["targets"][rows.numpy()] != IGNORE_INDEX).any(0))
+    return int(labeled[-1]) + 1 if len(labeled) else data["T"]
+
+
+def get_batch(data, rows, device, T=None):
+    """x, y (B, T) int64 and steps (B, T) or None, for the given rows of the global batch; row data
+    cut to its first T columns when T is given."""
     rows = rows.numpy()
     if data["targets"] is not None:
-        x = torch.from_numpy(data["ids"][rows].astype(np.int64))
-        y = torch.from_numpy(data["targets"][rows].astype(np.int64))
-        s = None if data["steps"] is None else torch.from_numpy(data["steps"][rows].astype(np.int64))
+        cut = slice(0, T or data["T"])
+        x = torch.from_numpy(data["ids"][rows, cut].astype(np.int64))
+        y = torch.from_numpy(data["targets"][rows, cut].astype(np.int64))
+        s = None if data["steps"] is None else torch.from_numpy(data["steps"][rows, cut].astype(np.int64))
     else:
         T, ids = data["T"], data["ids"]
         xy = torch.from_numpy(np.stack([ids[i:i + T + 1] for i in rows]).astype(np.int64))
@@ -182,7 +195,8 @@ def get_batch(data, rows, device):
 
 class LoopLoss(torch.nn.Module):
     """The training forward as one module, so DistributedDataParallel sees every parameter use.
-    Plain: the model's loss after r = n + k loops (n without grad). With step supervision
+    The model's loss after r = n + k loops (n without grad), with the head computed only at the
+    positions that carry a label (exact: the coda still sees every position). With step supervision
     (arXiv 2608.11233): the coda also reads out after every grad loop i, trained on the labels of
     positions whose step <= i; the final loop is trained on all labels (the outcome loss), and the
     per-loop losses carry weight w (annealed to 0 for outcome-only training)."""
@@ -193,8 +207,6 @@ class LoopLoss(torch.nn.Module):
 
     def forward(self, x, y, num_steps, steps=None, w=0.0):
         m = self.model
-        if steps is None or w == 0:
-            return m(x, y, num_steps=num_steps)[1]
         n, k = m.split_steps(num_steps)
         rope = m.rope(torch.arange(x.shape[1], device=x.device))
         e = m.embed(x, rope)
@@ -202,15 +214,16 @@ class LoopLoss(torch.nn.Module):
         with torch.no_grad():
             for i in range(n):
                 s = m.core_step(s, e, rope, i)
+        labeled = y != IGNORE_INDEX  # (B, T)
         per_loop = []
-        for i in range(n, n + k - 1):
+        for i in range(n, n + k):
             s = m.core_step(s, e, rope, i)
-            yi = y.masked_fill(steps > i + 1, IGNORE_INDEX)  # labels reachable in i + 1 loops
-            logits = m.readout(s, rope)
-            ce = F.cross_entropy(logits.flatten(0, 1), yi.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
-            per_loop.append(ce / (yi != IGNORE_INDEX).sum().clamp(min=1))  # 0, not NaN, when none is reachable
-        s = m.core_step(s, e, rope, n + k - 1)
-        final = F.cross_entropy(m.readout(s, rope).flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX)
+            if i < n + k - 1 and steps is not None and w > 0:
+                yi = y.masked_fill(steps > i + 1, IGNORE_INDEX)[labeled]  # labels reachable in i + 1 loops
+                ce = F.cross_entropy(m.readout(s, rope, positions=labeled), yi, ignore_index=IGNORE_INDEX,
+                                     reduction="sum")
+                per_loop.append(ce / (yi != IGNORE_INDEX).sum().clamp(min=1))  # 0, not NaN, when none is reachable
+        final = F.cross_entropy(m.readout(s, rope, positions=labeled), y[labeled])
         return (final + w * sum(per_loop)) / (1 + w * len(per_loop))
 
 
@@ -491,10 +504,11 @@ def train(args):
             w = 1.0 if step < fade_start else max(0.0, 1 - (step - fade_start) / (args.max_iters - fade_start))
         torch.manual_seed(args.seed * 1_000_003 + step * 8191 + rank)  # s_0 draws: a function of (step, rank)
         rows = batch_rows(step, args.batch_size * world * grad_accum, train_data["n"], args.seed)
+        T_step = labeled_length(train_data, rows)
         loss_sum = torch.zeros((), device=device)
         for micro in range(grad_accum):
             lo = (micro * world + rank) * args.batch_size
-            x, y, steps = get_batch(train_data, rows[lo:lo + args.batch_size], device)
+            x, y, steps = get_batch(train_data, rows[lo:lo + args.batch_size], device, T_step)
             sync = not ddp or micro == grad_accum - 1
             with (contextlib.nullcontext() if sync else wrapped.no_sync()), autocast:
                 loss = wrapped(x, y, num_steps, steps, w) / grad_accum
@@ -516,7 +530,8 @@ def train(args):
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.time() - t0
-        step_flops = model.flops_per_token(r, args.backprop_depth) * total
+        # FLOPs of the tokens processed: row data cut to its labeled columns counts only those
+        step_flops = model.flops_per_token(r, args.backprop_depth) * total * T_step // T
         tokens_seen += total
         flops_seen += step_flops
         rec = {"step": step, "loss": loss_sum.item(), "r": r, "mean_r": mean_r, "tokens": tokens_seen,

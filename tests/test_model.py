@@ -138,6 +138,15 @@ def test_save_load_roundtrip(tmp_path, tied):
         RecurrentGPT.from_pretrained(tmp_path)
 
 
+def test_readout_at_positions_equals_the_full_head():
+    torch.manual_seed(0)
+    model = RecurrentGPT(RecurrentConfig(vocab_size=50))
+    s, rope = torch.randn(3, 7, 64), model.rope(torch.arange(7))
+    positions = torch.rand(3, 7) > 0.5
+    torch.testing.assert_close(model.readout(s, rope, positions=positions), model.readout(s, rope)[positions],
+                               rtol=0, atol=1e-6)
+
+
 def test_bad_num_steps():
     with pytest.raises(ValueError, match="at least one iteration"):
         tiny()(torch.zeros(1, 3, dtype=torch.long), num_steps=(0, 0))

@@ -150,7 +150,8 @@ def test_step_supervision_loss_by_hand():
     steps = torch.tensor([[0, 1, 2, 3, 4, 0], [0, 1, 2, 3, 4, 5]])
     y[steps == 0] = -1
     loss_fn = train.LoopLoss(model)
-    assert torch.equal(loss_fn(x, y, (1, 2), steps, 0.0), model(x, y, num_steps=(1, 2))[1])
+    # the head only at labeled positions: the model's own loss up to float summation order
+    torch.testing.assert_close(loss_fn(x, y, (1, 2), steps, 0.0), model(x, y, num_steps=(1, 2))[1], rtol=0, atol=1e-6)
     # by hand: loops 2 and 3 with grad (one without); loop 2 reads out labels with step <= 2, loop 3 all
     rope = model.rope(torch.arange(6))
     e = model.embed(x, rope)
@@ -159,6 +160,25 @@ def test_step_supervision_loss_by_hand():
     l2 = ce(model.readout(s, rope), y.masked_fill(steps > 2, -1))
     l3 = ce(model.readout(model.core_step(s, e, rope, 2), rope), y)
     torch.testing.assert_close(loss_fn(x, y, (1, 2), steps, 0.5), (l3 + 0.5 * l2) / 1.5)
+
+
+def test_rows_cut_to_their_labeled_columns_are_exact(depth_dir):
+    """Train rows (k <= train_k) padded to test_k + 1 columns: the step's batch is cut after its last
+    labeled column, and the loss is the model's on the whole rows (causal attention)."""
+    data = train.open_data(str(depth_dir), "train", 256)
+    rows = train.batch_rows(0, 16, data["n"], 1337)
+    T = train.labeled_length(data, rows)
+    assert data["T"] == 7 and T == 5  # train_k = 4 (the fixture) of test_k = 6
+    x, y, steps = train.get_batch(data, rows, "cpu", T)
+    xf, yf, _ = train.get_batch(data, rows, "cpu")
+    assert x.shape == (16, 5) and (yf[:, T:] == -1).all() and torch.equal(xf[:, :T], x)
+    torch.manual_seed(0)
+    model = RecurrentGPT(RecurrentConfig(vocab_size=14, state_init="zero"))
+    model.reset_adapter("random")
+    torch.testing.assert_close(train.LoopLoss(model)(x, y, (2, 3), steps, 0.0), model(xf, yf, num_steps=5)[1],
+                               rtol=0, atol=1e-6)
+    text = {"targets": None, "T": 256}  # plain text: never cut
+    assert train.labeled_length(text, rows) == 256
 
 
 # -----------------------------------------------------------------------------
