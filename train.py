@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cli import at_least, int_list, ready_out_dir
 from model import IGNORE_INDEX, RecurrentConfig, RecurrentGPT
 from muon import Muon
 
@@ -86,8 +87,14 @@ def str2bool(v):
     raise argparse.ArgumentTypeError(f"expected a boolean, got {v!r}")
 
 
+CHOICES = {"optimizer": ("muon", "adamw"), "curriculum": ("constant", "linear", "1-sqrt"), "freeze": ("none", "base"),
+           "state_init": ("", "normal", "zero", "embed"), "adapter_init": ("identity", "sum", "random"),
+           "muon_adjust_lr": ("original", "match_rms_adamw")}
+
+
 def parse_args(argv=None):
-    """DEFAULTS <- --config FILE <- command line. Unknown keys anywhere are an error."""
+    """DEFAULTS <- --config FILE <- command line. Unknown keys anywhere are an error; flag values are
+    checked here (check_args), before any data or model loads."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     for key, value in DEFAULTS.items():
         if isinstance(value, bool):  # --static, --static=true, --static false
@@ -96,14 +103,33 @@ def parse_args(argv=None):
             parser.add_argument(f"--{key}", type=type(value), default=value)
     first, _ = parser.parse_known_args(argv)
     if first.config:
-        with open(first.config) as f:
-            cfg = json.load(f)
+        try:
+            with open(first.config) as f:
+                cfg = json.load(f)
+        except (OSError, ValueError) as err:
+            raise TrainError(f"--config {first.config}: {getattr(err, 'strerror', None) or err}") from None
         cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}  # "_comment", "_phase2": documentation
         unknown = sorted(set(cfg) - set(DEFAULTS))
         if unknown:
             parser.error(f"{first.config}: unknown keys {unknown}")
         parser.set_defaults(**cfg)
-    return parser.parse_args(argv)
+    return check_args(parser.parse_args(argv))
+
+
+def check_args(args):
+    """One-line TrainErrors for flag values that are wrong whatever the data and the model."""
+    try:
+        int_list(args.shape, "--shape", n=3)
+        int_list(args.eval_r, "--eval_r")
+        at_least(args, 1, "eval_interval", "eval_iters", "batch_size", "block_size", "max_bad_steps", "log_interval",
+                 "mean_recurrence", "backprop_depth")
+        at_least(args, 0, "max_iters", "warmup_iters", "total_batch_tokens", "recurrence_sigma", "grad_clip")
+    except ValueError as err:
+        raise TrainError(str(err)) from None
+    for key, allowed in CHOICES.items():
+        if getattr(args, key) not in allowed:
+            raise TrainError(f"--{key} must be one of {', '.join(map(repr, allowed))}, not {getattr(args, key)!r}")
+    return args
 
 
 # -----------------------------------------------------------------------------
@@ -266,9 +292,7 @@ def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, a
 def build_model(args, meta):
     """(model, tokenizer source or None, tokenizer fingerprint or None) from --init / --resume."""
     init = args.out_dir if args.resume else args.init
-    shape = tuple(int(v) for v in args.shape.split(","))
-    if len(shape) != 3 or min(shape) < 1:
-        raise TrainError(f"--shape must be three positive integers P,R,C, got {args.shape!r}")
+    shape = tuple(int_list(args.shape, "--shape", n=3))  # checked by check_args
     over = {"state_init": args.state_init} if args.state_init else {}
     if init == "scratch":
         P, R, C = shape
@@ -380,6 +404,10 @@ def git_commit():
 
 
 def train(args):
+    try:  # a file in the way or a read-only disk: say so now, not at the first checkpoint
+        ready_out_dir(args.out_dir)
+    except ValueError as err:
+        raise TrainError(str(err)) from None
     ddp = int(os.environ.get("RANK", -1)) != -1  # launched by torchrun
     if ddp:
         import torch.distributed as dist
@@ -402,10 +430,7 @@ def train(args):
     try:
         train_data = open_data(args.data, "train", args.block_size)
         val_data = open_data(args.data, "val", args.block_size)
-    except FileNotFoundError as err:
-        if os.path.normpath(args.data) == os.path.join("data", "sotu"):  # the offline default: say the one command
-            raise TrainError("data/sotu is not prepared: run python data/sotu/prepare.py --tokenizer smollm2 "
-                             "--out_dir data/sotu") from None
+    except (FileNotFoundError, ValueError) as err:  # not prepared, truncated or mismatched files: the message says which
         raise TrainError(str(err)) from None
     meta = train_data["meta"]
     if args.step_supervision and train_data["steps"] is None:
@@ -433,8 +458,6 @@ def train(args):
             raise TrainError("--freeze=base trains only the adapter, which a --static model does not have")
         for n, p in model.named_parameters():
             p.requires_grad = n.startswith("adapter.") or (args.train_norms and p.ndim == 1 and "norm" in n)
-    elif args.freeze != "none":
-        raise TrainError(f"--freeze must be none or base, not {args.freeze!r}")
     opts, split = make_optimizers(model, args)
     step, flops_seen = load_train_state(args.out_dir, opts) if args.resume else (0, 0.0)
 
@@ -447,17 +470,13 @@ def train(args):
 
         wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
 
-    if min(args.eval_interval, args.eval_iters, args.batch_size, args.max_bad_steps) < 1:
-        raise TrainError("--eval_interval, --eval_iters, --batch_size and --max_bad_steps must be >= 1")
-    if args.curriculum not in ("constant", "linear", "1-sqrt"):
-        raise TrainError(f"--curriculum must be constant, linear or 1-sqrt, not {args.curriculum!r}")
     T = train_data["T"]
     micro_tokens = args.batch_size * T
     total = args.total_batch_tokens or micro_tokens * world
     if total % (micro_tokens * world):
         raise TrainError(f"--total_batch_tokens {total} is not a multiple of batch_size*T*world = {micro_tokens * world}")
     grad_accum = total // (micro_tokens * world)
-    eval_r = [int(v) for v in args.eval_r.split(",")] if model.config.recurrent else [1]
+    eval_r = int_list(args.eval_r, "--eval_r") if model.config.recurrent else [1]
     trainable = [p for p in model.parameters() if p.requires_grad]
     run_info = {"git": git_commit(), "torch": torch.__version__, "world_size": world, "grad_accum": grad_accum,
                 "tokens_per_step": total, "device": str(device), "params": model.param_counts(),
@@ -600,8 +619,8 @@ def summarize(out_dir, start_step, step, seconds):
 
 
 def main(argv=None):
-    args = parse_args(argv)
     try:
+        args = parse_args(argv)
         train(args)
     except TrainError as err:
         print(f"error: {err}", file=sys.stderr)

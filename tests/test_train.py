@@ -309,3 +309,49 @@ def test_static_baseline_trains_without_a_loop(depth_dir, tmp_path):
     log = [json.loads(l) for l in open(out / "log.jsonl")]
     assert [d["r"] for d in log if "loss" in d] == [1, 1]
     assert list(log[-1]["val"]) == ["1"]  # one depth to evaluate
+
+
+# -----------------------------------------------------------------------------
+# one-line errors, before the long work
+
+
+def one_line_error(p, *needles, code=1):
+    """A run that failed the way a user should see it: the exit code, one line on stderr, the needles in it."""
+    err = p.stderr.strip()
+    assert p.returncode == code and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert all(n in err for n in needles), err
+    return err
+
+
+@pytest.mark.parametrize("flag,value,needle", [("--shape", "a,b,c", "--shape 'a,b,c' must be 3"),
+                                               ("--eval_r", "1,x", "--eval_r '1,x' must be"),
+                                               ("--log_interval", "0", "--log_interval 0 must be >= 1"),
+                                               ("--curriculum", "cosine", "--curriculum must be one of")])
+def test_bad_flags_are_refused_before_anything_loads(flag, value, needle):
+    with pytest.raises(train.TrainError, match=needle.replace("(", r"\(")):
+        train.parse_args([flag, value])
+
+
+def test_cli_errors_before_the_run_are_one_line(depth_dir, tmp_path):
+    common = [*TINY, "--data", str(depth_dir), "--max_iters=1"]
+    one_line_error(run_train([*common, "--shape", "a,b,c", "--out_dir", str(tmp_path / "o")], check=False), "--shape")
+    (tmp_path / "a_file").write_text("")
+    one_line_error(run_train([*common, "--out_dir", str(tmp_path / "a_file")], check=False),
+                   "a_file is an existing file", "pass another --out_dir")
+
+
+@pytest.mark.parametrize("damage,needle", [
+    ({"train.bin": b""}, "train.bin is empty"),
+    ({"train.bin": -1}, "not a whole number of uint16 values"),
+    ({"train_targets.bin": -4}, "targets has"),  # labels shorter than the ids
+    ({"train.bin": -2, "train_targets.bin": -4, "train_step.bin": -1}, "not a multiple of seq_len"),
+])
+def test_truncated_row_data_is_one_line(depth_dir, tmp_path, damage, needle):
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in os.listdir(depth_dir):
+        cut = damage.get(f)
+        raw = (depth_dir / f).read_bytes()
+        (data / f).write_bytes(cut if isinstance(cut, bytes) else raw[:cut] if cut else raw)
+    p = run_train([*TINY, "--data", str(data), "--out_dir", str(tmp_path / "o"), "--max_iters=1"], check=False)
+    one_line_error(p, needle, "rerun prepare.py")
