@@ -16,9 +16,13 @@ out and is trained on the labels that need <= i steps (data with DIR/{split}_ste
     python train.py --config config/llama_4_6_4.json      # phase 1; phase 2: see that file's "phase2"
     torchrun --standalone --nproc_per_node=8 train.py --config config/llama_4_6_4.json
     python train.py --resume                              # continue the run in out/ exactly where it stopped
+                                                          # (with the same flags: see RESUME_MAY_CHANGE)
 
 Outputs in --out_dir: model.safetensors + config.json (run config under "train"), tokenizer files,
-train_state.pt (optimizers, step, RNG), log.jsonl (one line per optimizer step and per eval).
+train_state.pt (optimizers, step, RNG), log.jsonl (one line per optimizer step and per eval). The first
+three are links into the current save under ckpt/, switched together by one atomic rename
+(checkpoint.py); one process at a time owns the directory (.lock); a loss that diverges stops the run
+before it is saved (--diverge_factor).
 """
 
 import argparse
@@ -34,6 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import checkpoint
 from cli import at_least, int_list, ready_out_dir
 from model import IGNORE_INDEX, RecurrentConfig, RecurrentGPT
 from muon import Muon
@@ -69,8 +74,14 @@ DEFAULTS = dict(
     # evaluation, logging, system
     eval_interval=50, eval_iters=2, eval_r="1,4,8,32", log_interval=1,  # r=32 evals cost 13x a parent forward on CPU
     device="auto", compile=False, seed=1337, resume=False, max_bad_steps=5,
+    diverge_factor=4.0,  # stop at a loss over this times its running level and 1 nat above it (diverged()); 0 = off
     peak_flops=0.0,  # FLOP/s of one device, for MFU (e.g. 989e12 for an H100 in bf16); 0 = no MFU
 )
+# --resume continues the run as it was: every key must equal the run's saved value (config.json, "train"),
+# except these, which change neither the model nor the optimizer (max_iters does move the decay and the
+# curriculum that are fractions of it: that is how a run is extended)
+RESUME_MAY_CHANGE = ("config", "resume", "max_iters", "eval_interval", "eval_iters", "eval_r", "log_interval",
+                     "device", "compile", "max_bad_steps", "diverge_factor", "peak_flops")
 
 
 class TrainError(Exception):
@@ -289,9 +300,10 @@ def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, a
 # model, optimizers, checkpoints
 
 
-def build_model(args, meta):
-    """(model, tokenizer source or None, tokenizer fingerprint or None) from --init / --resume."""
-    init = args.out_dir if args.resume else args.init
+def build_model(args, meta, ckpt_dir=None):
+    """(model, tokenizer source or None, tokenizer fingerprint or None) from --init, or on --resume from
+    ckpt_dir, the verified save checkpoint.find chose (the run's tokenizer files are at the top of out_dir)."""
+    init = ckpt_dir or args.init
     shape = tuple(int_list(args.shape, "--shape", n=3))  # checked by check_args
     over = {"state_init": args.state_init} if args.state_init else {}
     if init == "scratch":
@@ -310,8 +322,9 @@ def build_model(args, meta):
         model = RecurrentGPT.from_pretrained(init, **over)  # continue from our checkpoint (phase 2, --resume)
         with open(os.path.join(init, "config.json")) as f:
             fp = json.load(f).get("train", {}).get("data_fingerprint")
-        has_tok = any(os.path.exists(os.path.join(init, n)) for n in ("tokenizer.json", "tokenizer.model", "original"))
-        return model, (init if has_tok else None), fp
+        tok_dir = args.out_dir if ckpt_dir else init
+        has_tok = any(os.path.exists(os.path.join(tok_dir, n)) for n in ("tokenizer.json", "tokenizer.model", "original"))
+        return model, (tok_dir if has_tok else None), fp
     if args.resume:
         raise TrainError(f"--resume: {args.out_dir} has no checkpoint (model.safetensors + config.json)")
     import hub
@@ -354,42 +367,78 @@ def make_optimizers(model, args):
     return opts, {k: [n for n, _ in v] for k, v in groups.items()}
 
 
-def save_checkpoint(model, opts, step, args, fingerprint, out_dir, flops_seen=0.0):
-    """Every file is written to out_dir/.staging first, then renamed into place with train_state.pt
-    last: a crash while writing leaves the previous checkpoint whole (and resume checks the steps match)."""
-    staging = os.path.join(out_dir, ".staging")
-    os.makedirs(staging, exist_ok=True)
-    train_cfg = {**vars(args), "step": step, "data_fingerprint": fingerprint}
-    model.save_pretrained(staging, extra_config={"train": train_cfg})
+def save_checkpoint(model, opts, step, args, fingerprint, out_dir, flops_seen=0.0, levels=None, run_info=None):
+    """One atomic save of the whole run (checkpoint.save: a complete new ckpt/ directory, then one pointer
+    switch). config.json records what this process really used: its flags and, under "run", the device,
+    world size and gradient accumulation."""
+    train_cfg = {**vars(args), "step": step, "data_fingerprint": fingerprint, "run": run_info}
     state = {"step": step, "optimizers": [o.state_dict() for o in opts], "rng": torch.get_rng_state(),
              "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-             "data": {"seed": args.seed, "next_step": step}, "args": vars(args), "flops": flops_seen,
+             "data": {"seed": args.seed, "next_step": step}, "args": vars(args), "flops": float(flops_seen),
+             "levels": levels,  # the divergence check's running levels, so a resumed run keeps them
              # the schedules are functions of the step; stored so a reader can see where the run stood
              "schedule": {"lr_mult": get_lr(step, args.max_iters, args.warmup_iters, args.decay_frac, args.min_lr_frac),
                           "mean_recurrence": mean_recurrence_at(step, args.max_iters, args.mean_recurrence,
                                                                 args.curriculum, args.curriculum_frac)}}
-    torch.save(state, os.path.join(staging, "train_state.pt"))
-    for name in ("model.safetensors", "config.json", "train_state.pt"):
-        os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
-    os.rmdir(staging)
+    checkpoint.save(out_dir, step, model, state, train_cfg)
 
 
-def load_train_state(out_dir, opts):
-    path = os.path.join(out_dir, "train_state.pt")
-    if not os.path.isfile(path):
-        raise TrainError(f"--resume: {path} not found")
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    with open(os.path.join(out_dir, "config.json")) as f:
-        model_step = json.load(f).get("train", {}).get("step")
-    if model_step != state["step"]:
-        raise TrainError(f"--resume: {out_dir} holds weights of step {model_step} but a train state of step "
-                         f"{state['step']} (a crash between renames); restore one of them")
+def check_resume(args, saved, fingerprint):
+    """--resume continues the run as it was: a flag that changes the model or the optimization (any key
+    but RESUME_MAY_CHANGE) must equal the run's saved value, and the data must have its fingerprint.
+    saved: the "train" section of the checkpoint's config.json."""
+    same = lambda k, a, b: a == b or (k in ("data", "init") and os.path.realpath(str(a)) == os.path.realpath(str(b)))
+    diff = [f"--{k} {getattr(args, k)!r} here, {saved[k]!r} in the run" for k in DEFAULTS
+            if k not in RESUME_MAY_CHANGE and k in saved and not same(k, getattr(args, k), saved[k])]
+    if saved.get("data_fingerprint") not in (None, fingerprint):
+        diff.append(f"--data {args.data} has fingerprint {fingerprint} here, {saved['data_fingerprint']} in the run")
+    if diff:
+        raise TrainError(f"--resume: {args.out_dir} was trained with other settings: {'; '.join(diff)}. Pass the "
+                         f"run's values (its config.json, under \"train\") or train into a new --out_dir")
+
+
+def load_train_state(ckpt_dir, step, opts):
+    """Optimizer states and RNG of a verified save (checkpoint.find), loaded as tensors and plain data only."""
+    state = checkpoint.load_state(ckpt_dir)
+    if state.get("step") != step:
+        raise TrainError(f"--resume: {ckpt_dir}/train_state.pt is of step {state.get('step')}, its manifest of {step}")
     if len(state["optimizers"]) != len(opts):
         raise TrainError("--resume: the checkpoint was trained with another --optimizer")
     for o, sd in zip(opts, state["optimizers"]):
         o.load_state_dict(sd)
     torch.set_rng_state(state["rng"])
-    return state["step"], state.get("flops", 0.0)
+    return state
+
+
+def trim_log(path, step):
+    """--resume from step: drop what the dead process logged after its last save (and a line torn by the
+    kill). Those steps are redone exactly; kept, log.jsonl would hold them twice. One atomic rewrite."""
+    if not os.path.isfile(path):
+        return
+    keep = []
+    with open(path) as f:
+        for line in f:
+            try:
+                if json.loads(line)["step"] <= step:
+                    keep.append(line)
+            except (ValueError, KeyError, TypeError):
+                pass
+    with open(path + ".tmp", "w") as f:
+        f.writelines(keep)
+    os.replace(path + ".tmp", path)
+
+
+def diverged(loss, level, factor):
+    """A loss far above its running level: over factor x and over 1 nat above it (the margin keeps
+    near-zero losses, whose ratios are noise, e.g. an r=1 step of a solved task, from tripping it)."""
+    return factor > 0 and (not math.isfinite(loss) or (loss > factor * level and loss > level + 1.0))
+
+
+def on_disk(out_dir):
+    """What a stopped run leaves: said exactly, never a 'last good checkpoint' that was not written."""
+    _, step = checkpoint.current(out_dir)
+    return f"the checkpoint of step {step} in {out_dir} is untouched" if step is not None else \
+        f"{out_dir} holds no checkpoint"
 
 
 def git_commit():
@@ -423,6 +472,8 @@ def train(args):
         rank, world = 0, 1
         device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     master = rank == 0
+    # one process owns out_dir: a second refuses; the kernel drops the lock when this one ends, killed or not
+    run_lock = checkpoint.lock(args.out_dir) if master else None  # noqa: F841 (held while the file is open)
     # one place decides precision: bf16 autocast with fp32 master weights on CUDA, plain fp32 on CPU
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
@@ -437,7 +488,14 @@ def train(args):
         raise TrainError(f"--step_supervision needs per-step labels ({args.data}/train_step.bin), e.g. data/depth")
 
     torch.manual_seed(args.seed)
-    model, tok_src, ckpt_fp = build_model(args, meta)
+    ckpt_dir = ckpt_step = None
+    if args.resume:  # the newest complete save, and the settings it was trained with
+        ckpt_dir, ckpt_step = checkpoint.find(args.out_dir)
+        if master:  # what a save killed after its commit left (the next save would, but there may be none)
+            checkpoint.remove_stale(args.out_dir, keep=ckpt_dir)
+        with open(os.path.join(ckpt_dir, "config.json")) as f:
+            check_resume(args, json.load(f).get("train", {}), meta["fingerprint"])
+    model, tok_src, ckpt_fp = build_model(args, meta, ckpt_dir)
     if tok_src is not None:
         from data.common import check_tokenizer
         from tokenizer import load_tokenizer
@@ -459,7 +517,10 @@ def train(args):
         for n, p in model.named_parameters():
             p.requires_grad = n.startswith("adapter.") or (args.train_norms and p.ndim == 1 and "norm" in n)
     opts, split = make_optimizers(model, args)
-    step, flops_seen = load_train_state(args.out_dir, opts) if args.resume else (0, 0.0)
+    state = load_train_state(ckpt_dir, ckpt_step, opts) if args.resume else {}
+    step, flops_seen = state.get("step", 0), state.get("flops", 0.0)
+    # running levels of the divergence check: EMA of the train loss over good steps, best eval loss so far
+    levels = state.get("levels") or {"loss": None, "steps": 0, "val": None}
 
     if args.compile:  # the blocks only: the loop over r has a data-dependent length
         for block in (*model.prelude, *model.core, *model.coda):
@@ -489,6 +550,8 @@ def train(args):
             from tokenizer import save_tokenizer_files
 
             save_tokenizer_files(tok_src, args.out_dir)  # so the checkpoint dir works as --init for every script
+        if args.resume:
+            trim_log(os.path.join(args.out_dir, "log.jsonl"), step)
         log = open(os.path.join(args.out_dir, "log.jsonl"), "a")
         log.write(json.dumps({"step": step, "config": vars(args), "run": run_info}) + "\n")
     from tqdm import tqdm
@@ -496,15 +559,25 @@ def train(args):
     bar = tqdm(total=args.max_iters, initial=step, disable=None if master else True, dynamic_ncols=True)  # None: off without a TTY
     start_step, tokens_seen, bad_in_row, t_start = step, step * total, 0, time.time()
     while True:
-        if step % args.eval_interval == 0 or step == args.max_iters:
+        # evaluate and save; a resumed run's first step was evaluated (and logged) before its save
+        if (step % args.eval_interval == 0 or step == args.max_iters) and not (args.resume and step == start_step):
             if master:
                 val = estimate_loss(model, val_data, eval_r, args.eval_iters, args.batch_size, device, args.seed, autocast)
                 log.write(json.dumps({"step": step, "val": val}) + "\n")
                 log.flush()
                 bar.write(f"step {step}: " + ", ".join(
                     f"r={r} val {v['loss']:.4f}" + (f" acc {v['acc']:.3f}" if "acc" in v else "") for r, v in val.items()))
+                # the model about to be saved: its loss at its best r must not be far above the best so far
+                best = min((v["loss"] for v in val.values() if math.isfinite(v["loss"])), default=float("nan"))
+                if levels["val"] is not None and diverged(best, levels["val"], args.diverge_factor):
+                    raise TrainError(f"step {step}: validation loss {best:.4g} (best r) is over {args.diverge_factor:g}x "
+                                     f"the best so far, {levels['val']:.4g} (--diverge_factor): the run diverged; not "
+                                     f"saved, {on_disk(args.out_dir)} (lower the lr?)")
+                if math.isfinite(best):  # a model that was never finite has no level to diverge from
+                    levels["val"] = best if levels["val"] is None else min(levels["val"], best)
                 if step > start_step and bad_in_row == 0:  # not the step just loaded, nor after skipped steps
-                    save_checkpoint(model, opts, step, args, meta["fingerprint"], args.out_dir, flops_seen)
+                    save_checkpoint(model, opts, step, args, meta["fingerprint"], args.out_dir, flops_seen, levels,
+                                    run_info)
         if step >= args.max_iters:
             break
 
@@ -576,7 +649,14 @@ def train(args):
                           f", {dt * 1000:.0f} ms{mfu}")
         if bad_in_row >= args.max_bad_steps:
             raise TrainError(f"{bad_in_row} steps in a row had a NaN/inf loss or gradient (step {step}): stopping; "
-                             f"the last good checkpoint in {args.out_dir} is untouched (lower the lr?)")
+                             f"{on_disk(args.out_dir)} (lower the lr?)")
+        if not bad:  # a finite loss far above the running level: diverging, stop before anything is saved
+            if levels["steps"] >= 5 and diverged(rec["loss"], levels["loss"], args.diverge_factor):
+                raise TrainError(f"step {step}: loss {rec['loss']:.4g} is over {args.diverge_factor:g}x its running "
+                                 f"level {levels['loss']:.4g} (--diverge_factor): the run diverged, stopping; "
+                                 f"{on_disk(args.out_dir)} (lower the lr?)")
+            levels["loss"] = rec["loss"] if levels["steps"] == 0 else 0.9 * levels["loss"] + 0.1 * rec["loss"]
+            levels["steps"] += 1
     bar.close()
     if master:
         log.close()
@@ -622,7 +702,7 @@ def main(argv=None):
     try:
         args = parse_args(argv)
         train(args)
-    except TrainError as err:
+    except (TrainError, checkpoint.RunDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
 
