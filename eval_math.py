@@ -21,7 +21,6 @@ Writes --out_dir (default out/eval/<task>): results.jsonl (one line per problem 
 summary.json, and PNG plots.
 """
 
-import argparse
 import contextlib
 import json
 import math
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cli import Parser, at_least, int_list, os_error, ready_out_dir
 from tokenizer import prompt_ids, stop_ids
 
 from math_grader import MINERVA_SHOTS, extract_boxed, extract_math, grade_math  # noqa: F401 (interface)
@@ -48,7 +48,7 @@ class EvalError(Exception):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--init", required=True, help="checkpoint dir, raven checkpoint, or a parent (what surgery.load_model takes)")
     p.add_argument("--task", required=True, choices=("gsm8k", "math", "depth", "loss"))
     p.add_argument("--r", default="1,2,4,8,16,32", help="comma-separated test-time recurrences")
@@ -71,11 +71,11 @@ def parse_args(argv=None):
     p.add_argument("--out_dir", default=None)
     args = p.parse_args(argv)
     try:
-        args.r = [int(x) for x in args.r.split(",") if x.strip()]
-    except ValueError:
-        p.error(f"--r must be comma-separated integers, got {args.r!r}")
-    if not args.r or min(args.r) < 1:
-        p.error("--r needs at least one recurrence, each >= 1")
+        args.r = int_list(args.r, "--r")
+        at_least(args, 0, "limit", "shots", "chunk")
+        at_least(args, 1, "max_new_tokens", "batch_size", "num_batches", "seq_len")
+    except ValueError as e:
+        p.error(str(e))
     args.shots = {"gsm8k": 1, "math": 4}.get(args.task, 0) if args.shots is None else args.shots
     args.max_new_tokens = args.max_new_tokens or {"gsm8k": 256, "math": 512}.get(args.task, 0)
     args.out_dir = args.out_dir or f"out/eval/{args.task}"
@@ -118,12 +118,27 @@ def gsm8k_gold(answer):
 # data: local jsonl, or the Hugging Face hub
 
 
-def read_jsonl(path):
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+ROW_KEYS = {"gsm8k": ("question", "answer"), "math": ("problem", "solution")}
 
 
-def local_split(data, split):
+def checked_rows(numbered, keys, where):
+    """[(line or row number, row)] -> [row]; a one-line EvalError naming the file and line of bad JSON
+    (data.common.jsonl_rows) or of the first row without one of keys."""
+    from data.common import DataError
+    rows = []
+    try:
+        for n, row in numbered:
+            missing = [k for k in keys if not isinstance(row, dict) or k not in row]
+            if missing:
+                raise EvalError(f"{where}:{n}: the row has no {missing[0]!r} (rows need {' and '.join(keys)}): "
+                                "fix the row or pass another --data")
+            rows.append(row)
+    except (DataError, UnicodeDecodeError) as e:
+        raise EvalError(f"{e}: fix the file or pass another --data") from None
+    return rows
+
+
+def local_split(data, split, keys):
     """A jsonl file (the test split; train.jsonl beside it) or a dir with {split}.jsonl."""
     path = Path(data)
     if path.is_dir():
@@ -132,12 +147,13 @@ def local_split(data, split):
         path = path.with_name(f"{split}.jsonl")
     if not path.is_file():
         raise EvalError(f"{path} not found (--data takes a jsonl file or a dir with {split}.jsonl)")
-    return read_jsonl(path)
+    from data.common import jsonl_rows
+    return checked_rows(jsonl_rows(path), keys, path)
 
 
-def hub_rows(repo_id, want):
+def hub_rows(repo_id, want, keys):
     """Rows of the hub files whose names satisfy want(name): jsonl directly, parquet through pyarrow."""
-    from data.common import DataError, hub_download, hub_list_files, require_pyarrow
+    from data.common import DataError, hub_download, hub_list_files, jsonl_rows, require_pyarrow
     try:
         files = [f for f in hub_list_files(repo_id, "", (".jsonl", ".parquet")) if want(f)]
         if not files:
@@ -145,8 +161,9 @@ def hub_rows(repo_id, want):
         rows = []
         for name in files:
             local = hub_download(repo_id, name)
-            rows += read_jsonl(local) if name.endswith(".jsonl") else \
-                require_pyarrow().read_table(local).to_pylist()
+            numbered = jsonl_rows(local) if name.endswith(".jsonl") else \
+                enumerate(require_pyarrow().read_table(local).to_pylist(), 1)
+            rows += checked_rows(numbered, keys, f"{repo_id}/{name}")
         return rows
     except DataError as e:
         raise EvalError(f"{e} (or pass --data PATH to a local jsonl)") from None
@@ -154,19 +171,18 @@ def hub_rows(repo_id, want):
 
 def load_problems(args):
     """(test rows, train rows for exemplars) with fields question/answer (gsm8k) or problem/solution/answer."""
+    keys = ROW_KEYS[args.task]
     if args.task == "gsm8k":
-        get = (lambda s: local_split(args.data, s)) if args.data else \
-            (lambda s: hub_rows("openai/gsm8k", lambda f: f.startswith(f"main/{s}-")))
+        get = (lambda s: local_split(args.data, s, keys)) if args.data else \
+            (lambda s: hub_rows("openai/gsm8k", lambda f: f.startswith(f"main/{s}-"), keys))
         return get("test"), (get("train") if args.shots else [])
     if args.data:
-        rows = local_split(args.data, "test")
+        rows = local_split(args.data, "test", keys)
     elif args.math_set == "math500":
-        rows = hub_rows("HuggingFaceH4/MATH-500", lambda f: f == "test.jsonl")
+        rows = hub_rows("HuggingFaceH4/MATH-500", lambda f: f == "test.jsonl", keys)
     else:
-        rows = hub_rows("EleutherAI/hendrycks_math", lambda f: "/test-" in f)
+        rows = hub_rows("EleutherAI/hendrycks_math", lambda f: "/test-" in f, keys)
     for row in rows:
-        if "problem" not in row or "solution" not in row:
-            raise EvalError("MATH rows need the fields problem and solution")
         row.setdefault("answer", extract_boxed(row["solution"]))
     return rows, []
 
@@ -258,13 +274,18 @@ def complete(model, tok, prompts, r, args, eos_ids, seed):
             for i in range(len(prompts))]
 
 
-def run_generation(args, model, tok):
-    rows, train = load_problems(args)
+def run_generation(args, model, tok, problems):
+    rows, train = problems
     rows = rows[:args.limit] if args.limit else rows
     shots = exemplars(args, train)
     eos_ids = stop_ids(tok, args.chat)
     prompts = [build_prompt(args, tok, row["question" if args.task == "gsm8k" else "problem"], shots) for row in rows]
     ids = [encode_prompt(tok, p) for p in prompts]
+    from sample import context_warning
+
+    warning = context_warning(model.config, ids, args.max_new_tokens)
+    if warning:
+        print(warning, file=sys.stderr)
     from tqdm import tqdm
 
     records = []
@@ -487,7 +508,7 @@ def git_commit():
         return None
 
 
-def run_task(args, model):
+def run_task(args, model, problems):
     """records (one dict per problem, row or batch, per r) and the data's meta (depth, loss) or None."""
     if args.task in ("gsm8k", "math"):
         from tokenizer import load_tokenizer
@@ -495,13 +516,18 @@ def run_task(args, model):
             tok = load_tokenizer(args.tok_path)
         except (FileNotFoundError, ValueError) as e:
             raise EvalError(f"no tokenizer in {args.tok_path} ({e}): copy one there with tokenizer.save_tokenizer_files")
-        return run_generation(args, model, tok), None
+        return run_generation(args, model, tok, problems), None
     return run_depth(args, model) if args.task == "depth" else run_loss(args, model)
 
 
 def main(argv=None):
     args = parse_args(argv)
     print("config:", json.dumps(vars(args)))
+    try:  # an out_dir that cannot be written fails now, not after the whole evaluation
+        out_dir = ready_out_dir(args.out_dir)
+    except ValueError as e:
+        raise EvalError(str(e)) from None
+    problems = load_problems(args) if args.task in ("gsm8k", "math") else None  # bad rows fail before the model loads
     torch.manual_seed(args.seed)
     from hub import CheckpointError
     from surgery import SurgeryError, load_model
@@ -519,22 +545,23 @@ def main(argv=None):
     # one place decides the dtype: bf16 autocast on CUDA, plain fp32 on CPU
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if "cuda" in args.device else contextlib.nullcontext()
     with amp:
-        records, meta = run_task(args, model)
+        records, meta = run_task(args, model, problems)
     args.train_max_k = (meta or {}).get("train_max_k")
     rows = summarize(args, model, records, meta)
     print_table(args, rows, meta)
 
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "results.jsonl", "w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec) + "\n")
     summary = {"task": args.task, "results": rows, "config": vars(args), "model_config": model.config.__dict__,
                "train_max_k": args.train_max_k, "git_commit": git_commit(),
                "torch": torch.__version__}
-    with open(out_dir / "summary.json", "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2, default=str)
-    paths = plot(args, rows, out_dir)
+    try:  # a full disk: one line that says so
+        with open(out_dir / "results.jsonl", "w", encoding="utf-8") as f:
+            for rec in records:
+                f.write(json.dumps(rec) + "\n")
+        with open(out_dir / "summary.json", "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2, default=str)
+        paths = plot(args, rows, out_dir)
+    except OSError as e:
+        raise EvalError(os_error(e, out_dir)) from None
     print(f"wrote {out_dir / 'results.jsonl'}, {out_dir / 'summary.json'}, " + ", ".join(str(p) for p in paths))
     return summary
 

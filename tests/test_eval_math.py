@@ -387,3 +387,57 @@ def test_loss_refuses_data_of_another_tokenizer(smol_tok_dir, tmp_path):
     with pytest.raises(eval_math.EvalError, match="tokenized with"):
         eval_math.main(["--init", str(smol_tok_dir), "--task", "loss", "--data", str(tmp_path), "--r", "1",
                         "--out_dir", str(tmp_path / "out")])
+
+
+# -----------------------------------------------------------------------------
+# one-line errors, before the long work
+
+
+def test_out_dir_and_bad_rows_fail_before_the_model_loads(tmp_path):
+    # --init is missing on purpose: these errors come first, not after a whole evaluation
+    missing = str(tmp_path / "no_model")
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(eval_math.EvalError, match="a_file is an existing file, not a directory: pass another --out_dir"):
+        eval_math.main(["--init", missing, "--task", "depth", "--out_dir", str(tmp_path / "a_file")])
+    good = json.dumps({"question": "1 + 1?", "answer": "#### 2"})
+    for lines, needle in (([good, '{"question": "2 + 2?", "answer": '], r"test.jsonl:2: not valid JSON"),
+                          ([good, "", json.dumps({"question": "3 + 3?"})], r"test.jsonl:3: the row has no 'answer'")):
+        (tmp_path / "test.jsonl").write_text("\n".join(lines) + "\n")
+        with pytest.raises(eval_math.EvalError, match=needle) as e:
+            eval_math.main(["--init", missing, "--task", "gsm8k", "--shots", "0", "--data", str(tmp_path / "test.jsonl"),
+                            "--out_dir", str(tmp_path / "out")])
+        assert str(tmp_path) in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("flag,value", [("--limit", "-1"), ("--max_new_tokens", "0"), ("--batch_size", "0"),
+                                        ("--r", "1,x")])
+def test_bad_flags_name_the_flag_in_one_line(flag, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        eval_math.parse_args(["--init", "x", "--task", "gsm8k", flag, value])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and f"error: {flag} " in err
+
+
+def test_full_disk_is_one_line(depth_setup, tmp_path, full_disk):
+    data, ckpt = depth_setup
+    out = tmp_path / "out"
+    full_disk(out)
+    with pytest.raises(eval_math.EvalError) as e:
+        eval_math.main(["--init", str(ckpt), "--task", "depth", "--data", str(data), "--r", "1", "--limit", "4",
+                        "--out_dir", str(out)])
+    assert str(e.value) == f"{out}: No space left on device: free space on that disk or write elsewhere (--out_dir)"
+
+
+def test_prompts_past_the_context_are_warned_about(smol_tok_dir, tmp_path, capsys):
+    from model import RecurrentGPT
+    from tokenizer import save_tokenizer_files
+
+    short = tmp_path / "short_context"
+    model = RecurrentGPT.from_pretrained(smol_tok_dir)
+    model.config.block_size = 24  # a 1-shot GSM8K prompt is ~150 tokens
+    model.save_pretrained(short)
+    save_tokenizer_files(smol_tok_dir, short)
+    eval_math.main(["--init", str(short), "--task", "gsm8k", "--data", str(GSM8K), "--limit", "2", "--r", "1",
+                    "--max_new_tokens", "2", "--out_dir", str(tmp_path / "out")])
+    warning = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and "2 of 2 prompts" in warning[0] and "context of 24 tokens" in warning[0]
