@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from cli import Parser, at_least, int_list, os_error, ready_out_dir
 from tokenizer import prompt_ids
 
 DEFAULT_PROMPT = "The capital of France is Paris. The capital of Germany is Berlin, and the capital of Italy is"
@@ -160,7 +161,8 @@ def path_independence(runs):
 def layer_hidden_states(model, idx):
     """The residual stream before the first block and after every block of a static model: (L+1, T, h)."""
     if model.config.recurrent:
-        raise AnalyzeError("the layer analysis needs a static model holding every layer (surgery.retrofit(..., static=True))")
+        raise AnalyzeError("the layer analysis needs a static model holding every layer "
+                           "(surgery.retrofit(..., shape=None, static=True))")
     rope = model.rope(torch.arange(idx.shape[1], device=idx.device))
     x = model.embed_tokens(idx) * model.config.embed_scale
     hs = [x[0].double()]
@@ -333,16 +335,12 @@ def analyze_trajectory(model, tok, args):
     """Trajectory, PCA, convergence and path independence for args.prompt; writes the PNGs, returns the numbers."""
     if not model.config.recurrent:
         raise AnalyzeError(f"{args.init} is a static model (recurrent=False): there is no loop to analyze")
-    if args.r < 2:
-        raise AnalyzeError(f"--r {args.r}: the trajectory needs at least 2 iterations")
     ids = prompt_ids(tok, args.prompt) if args.bos else tok.encode(args.prompt)
     if not ids:
         raise AnalyzeError("--prompt is empty after tokenization")
     labels = token_labels(tok, ids)
     idx = torch.tensor([ids], device=args.device)
     r_star = args.r_star or args.r
-    if r_star < args.r:
-        raise AnalyzeError(f"--r_star {r_star} must be >= --r {args.r}")
     seeds = [args.seed + k for k in range(args.seeds)]
     main_run = record_trajectory(model, idx, r_star, seed=seeds[0])
     s_star = main_run["states"][r_star]
@@ -356,8 +354,6 @@ def analyze_trajectory(model, tok, args):
             f"latent diff < {args.exit_latent:g}": iterations_needed(ld, args.exit_latent)}  # fmt: skip
     T, h = states.shape[1], states.shape[2]
     start = args.pca_start
-    if not 0 <= start < args.r:
-        raise AnalyzeError(f"--pca_start {start} must be in 0..{args.r - 1}")
     proj, evr, _ = pca(states[start:].transpose(0, 1).reshape(-1, h), args.n_pcs)
     proj = proj.reshape(T, args.r + 1 - start, -1)
     if len(seeds) > 1:  # compare the seeds at iteration r (the main run may have gone on to r_star)
@@ -389,7 +385,7 @@ def analyze_layers(args):
     from surgery import retrofit
     from tokenizer import load_tokenizer
 
-    shape = parse_shape(args.shape)
+    shape = int_list(args.shape, "--shape", n=3)
     model, src = retrofit(args.layers_of, shape=None, static=True)  # every layer, in order
     model = model.to(args.device).eval()
     if args.calib == "builtin":
@@ -424,16 +420,6 @@ def analyze_layers(args):
 # -----------------------------------------------------------------------------
 
 
-def parse_shape(s):
-    try:
-        shape = [int(x) for x in s.split(",")]
-    except ValueError:
-        shape = []
-    if len(shape) != 3:
-        raise AnalyzeError(f"--shape {s!r} must be three integers P,R,C like 6,8,6")
-    return shape
-
-
 def parse_bool(s):
     if s.lower() not in ("1", "true", "yes", "0", "false", "no"):
         raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
@@ -441,7 +427,7 @@ def parse_bool(s):
 
 
 def get_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--init", help="checkpoint to analyze (anything surgery.load_model takes)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--bos", type=parse_bool, default=True, help="start the text with the parent's document separator (BOS or <|endoftext|>)")
@@ -469,8 +455,17 @@ def get_args(argv=None):
     args = p.parse_args(argv)
     if not args.init and not args.layers_of:
         p.error("give --init (trajectories) and/or --layers_of (layer analysis)")
-    if args.seeds < 1 or args.n_pcs < 1:
-        p.error("--seeds and --n_pcs must be >= 1")
+    try:  # before any model loads: each wrong flag by name
+        int_list(args.shape, "--shape", n=3)
+        at_least(args, 1, "seeds", "n_pcs", "calib_tokens", "threads")
+        at_least(args, 2, "r")  # the trajectory compares consecutive iterations
+        at_least(args, 0, "pca_start", "exit_kl", "exit_latent")
+    except ValueError as err:
+        p.error(str(err))
+    if args.r_star is not None and args.r_star < args.r:
+        p.error(f"--r_star {args.r_star} must be >= --r {args.r}")
+    if args.pca_start >= args.r:
+        p.error(f"--pca_start {args.pca_start} must be below --r {args.r}")
     return args
 
 
@@ -488,7 +483,7 @@ def main(argv=None):
         return 1
     try:
         report = {"config": vars(args)}
-        os.makedirs(args.out_dir, exist_ok=True)
+        ready_out_dir(args.out_dir)  # a file in the way or a read-only disk: before the work, not after
         if args.init:
             from tokenizer import load_tokenizer
 
@@ -508,6 +503,9 @@ def main(argv=None):
         os.replace(path + ".tmp", path)
     except expected as err:
         print(f"analyze.py: error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # a full disk, a missing file: the path and the reason in one line
+        print(f"analyze.py: error: {os_error(err, args.out_dir)}", file=sys.stderr)
         return 1
     print_summary(report, path)
     return 0

@@ -9,8 +9,8 @@ import pytest
 
 @pytest.fixture
 def full_disk(monkeypatch):
-    """full_disk(folder): from then on, files that open() creates under folder fail on their first write
-    as on a full disk (OSError ENOSPC); pathlib's own writes (io.open) are left alone."""
+    """full_disk(folder): from then on, files that open() creates under folder are made but fail on their
+    first write, as on a full disk (OSError ENOSPC); pathlib's own writes (io.open) are left alone."""
     real_open = open
 
     class Full(io.RawIOBase):
@@ -23,6 +23,7 @@ def full_disk(monkeypatch):
     def fill(folder):
         def fake_open(file, mode="r", *args, **kwargs):
             if any(m in mode for m in "wax") and os.path.abspath(file).startswith(os.path.abspath(folder)):
+                real_open(file, mode).close()  # creating the file works, as on a real full disk
                 return Full()
             return real_open(file, mode, *args, **kwargs)
 

