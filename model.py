@@ -271,7 +271,9 @@ class RecurrentGPT(nn.Module):
             x = block(x, rope, mask, cache, ("prelude", i, 0))
         return x
 
-    def init_state(self, e, generator=None):
+    def init_state(self, e, generator=None, seeds=None):
+        """s_0 (B, T, h). seeds (B,) int: row b is drawn from its own generator seeded by seeds[b], so a
+        row's noise does not depend on the batch it sits in (train.py: the same s_0 at any world size)."""
         c = self.config
         if c.state_init == "zero" or not c.recurrent:
             return torch.zeros_like(e)
@@ -280,7 +282,12 @@ class RecurrentGPT(nn.Module):
         std = c.state_std if c.state_std is not None else math.sqrt(2 / (5 * c.n_embd))
         s = torch.empty_like(e, dtype=torch.float32)
         # a fresh draw every forward pass (reference.md §1); truncated at +-3 std
-        s = nn.init.trunc_normal_(s, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
+        draw = lambda t, g: nn.init.trunc_normal_(t, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=g)
+        if seeds is None:
+            draw(s, generator)
+        else:
+            for b, seed in enumerate(seeds.tolist()):
+                draw(s[b], torch.Generator(e.device).manual_seed(seed))
         return (s * c.state_scale).to(e.dtype)
 
     def core_step(self, s, e, rope, step, mask=None, cache=None):

@@ -202,6 +202,13 @@ def batch_rows(step, global_rows, n, seed, split="train"):
     return torch.randint(n, (global_rows,), generator=g)
 
 
+def state_seeds(step, global_rows, seed):
+    """One seed per row of the step's global batch for its s_0 draw (model.init_state(seeds=...)), from
+    (seed, step): a row's noise is the same at any world size and gradient-accumulation split."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 8191 + 7)
+    return torch.randint(2**62, (global_rows,), generator=g)
+
+
 def labeled_length(data, rows):
     """Row data: 1 + the last position that carries a label in any of these rows (the step's global
     batch, so every rank cuts alike). Later columns are padding that a causal model never reads for
@@ -242,12 +249,12 @@ class LoopLoss(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, x, y, num_steps, steps=None, w=0.0):
+    def forward(self, x, y, num_steps, steps=None, w=0.0, seeds=None):
         m = self.model
         n, k = m.split_steps(num_steps)
         rope = m.rope(torch.arange(x.shape[1], device=x.device))
         e = m.embed(x, rope)
-        s = m.init_state(e)
+        s = m.init_state(e, seeds=seeds)  # seeds (B,): this micro-batch's rows of state_seeds
         with torch.no_grad():
             for i in range(n):
                 s = m.core_step(s, e, rope, i)
@@ -594,8 +601,8 @@ def train(args):
         if args.step_supervision:  # full weight, then linear fade over the last anneal fraction
             fade_start = args.max_iters * (1 - args.step_supervision_anneal)
             w = 1.0 if step < fade_start else max(0.0, 1 - (step - fade_start) / (args.max_iters - fade_start))
-        torch.manual_seed(args.seed * 1_000_003 + step * 8191 + rank)  # s_0 draws: a function of (step, rank)
         rows = batch_rows(step, args.batch_size * world * grad_accum, train_data["n"], args.seed)
+        seeds = state_seeds(step, len(rows), args.seed)
         T_step = labeled_length(train_data, rows)
         loss_sum = torch.zeros((), device=device)
         for micro in range(grad_accum):
@@ -603,7 +610,7 @@ def train(args):
             x, y, steps = get_batch(train_data, rows[lo:lo + args.batch_size], device, T_step)
             sync = not ddp or micro == grad_accum - 1
             with (contextlib.nullcontext() if sync else wrapped.no_sync()), autocast:
-                loss = wrapped(x, y, num_steps, steps, w) / grad_accum
+                loss = wrapped(x, y, num_steps, steps, w, seeds[lo:lo + args.batch_size]) / grad_accum
             loss.backward()
             loss_sum += loss.detach()
         if ddp:

@@ -201,20 +201,36 @@ def test_resume_is_exact(depth_dir, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_state_seeds_make_s0_a_function_of_the_row():
+    # a row's s_0 is the same whichever batch (rank, micro-batch) it is drawn in
+    model = RecurrentGPT(RecurrentConfig())
+    e = torch.zeros(4, 5, 64)
+    seeds = train.state_seeds(3, 4, seed=1337)
+    whole = model.init_state(e, seeds=seeds)
+    halves = torch.cat([model.init_state(e[:2], seeds=seeds[:2]), model.init_state(e[2:], seeds=seeds[2:])])
+    assert torch.equal(whole, halves)
+    assert torch.equal(train.state_seeds(3, 4, seed=1337), seeds) and not torch.equal(train.state_seeds(4, 4, 1337), seeds)
+    std = math.sqrt(2 / (5 * 64))  # Huginn's truncated normal, cut at 3 std
+    assert 0.8 * std < whole.std() < 1.2 * std and whole.abs().max() <= 3 * std
+    assert not torch.equal(whole[0], whole[1])
+
+
 @pytest.mark.slow
 def test_two_process_ddp_matches_one_process(depth_dir, tmp_path):
-    # same global batch (16 rows); s_0 = 0 because the state noise is a per-rank draw
-    common = [*TINY, "--data", str(depth_dir), "--eval_interval=100", "--max_iters=4", "--state_init=zero",
-              "--step_supervision"]
+    # the same global batch of 16 rows, with the default random s_0 (drawn per global row, seeded by the step and
+    # the row): one process, one process in two micro-batches, and two processes give the same losses
+    common = [*TINY, "--data", str(depth_dir), "--eval_interval=100", "--max_iters=4", "--step_supervision"]
+    T = json.load(open(depth_dir / "meta.json"))["seq_len"]
     run_train([*common, "--out_dir", str(tmp_path / "one"), "--batch_size=16"])
+    run_train([*common, "--out_dir", str(tmp_path / "accum"), "--batch_size=8", f"--total_batch_tokens={16 * T}"])
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                         str(REPO / "train.py"), *common, "--out_dir", str(tmp_path / "two"), "--batch_size=8"],
                        cwd=REPO, env=ENV, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-3000:]
-    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
-    assert sorted(one) == sorted(two) == [1, 2, 3, 4]
+    one, accum, two = (step_losses(tmp_path / d) for d in ("one", "accum", "two"))
+    assert sorted(one) == sorted(accum) == sorted(two) == [1, 2, 3, 4]
     for s in one:
-        assert abs(one[s] - two[s]) < 1e-5, (s, one[s], two[s])
+        assert abs(one[s] - two[s]) < 1e-6 and abs(one[s] - accum[s]) < 1e-6, (s, one[s], accum[s], two[s])
 
 
 def test_killed_run_leaves_loadable_checkpoint(depth_dir, tmp_path):
