@@ -706,12 +706,17 @@ def summarize(out_dir, start_step, step, seconds):
 
 
 def main(argv=None):
+    args = None
     try:
         args = parse_args(argv)
         train(args)
     except (TrainError, checkpoint.RunDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C: stop where the run is, without writing a checkpoint mid-step
+        where = on_disk(args.out_dir) if args is not None else "nothing was started"
+        print(f"error: interrupted (Ctrl-C): {where}", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

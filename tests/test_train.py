@@ -371,3 +371,20 @@ def test_truncated_row_data_is_one_line(depth_dir, tmp_path, damage, needle):
         (data / f).write_bytes(cut if isinstance(cut, bytes) else raw[:cut] if cut else raw)
     p = run_train([*TINY, "--data", str(data), "--out_dir", str(tmp_path / "o"), "--max_iters=1"], check=False)
     one_line_error(p, needle, "rerun prepare.py")
+
+
+
+def test_ctrl_c_says_where_the_run_stands(depth_dir, tmp_path):
+    out = tmp_path / "interrupted"
+    p = subprocess.Popen([sys.executable, str(REPO / "train.py"), *TINY, "--data", str(depth_dir), "--out_dir", str(out),
+                          "--eval_interval=2", "--max_iters=100000"], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (out / "train_state.pt").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    done = subprocess.CompletedProcess(p.args, p.wait(timeout=60), "", p.stderr.read())
+    step = json.load(open(out / "config.json"))["train"]["step"]  # the checkpoint on disk is the one named
+    err = one_line_error(done, "interrupted (Ctrl-C)", code=130)
+    assert f"the checkpoint of step {step} in {out} is untouched" in err
