@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from cli import Parser, at_least, int_list, os_error, ready_out_dir
+from cli import THREADS_HELP, Parser, at_least, default_threads, int_list, os_error, ready_out_dir
 from tokenizer import prompt_ids
 
 DEFAULT_PROMPT = "The capital of France is Paris. The capital of Germany is Berlin, and the capital of Italy is"
@@ -450,8 +450,7 @@ def get_args(argv=None):
     p.add_argument("--calib_tokens", type=int, default=512)
     p.add_argument("--out_dir", default="out/analyze")
     p.add_argument("--device", default="cpu")
-    # one thread by default: on a shared 2-core machine OpenMP spin-waits made 2 threads ~10x slower on these small matmuls
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=default_threads(), help=THREADS_HELP)
     args = p.parse_args(argv)
     if not args.init and not args.layers_of:
         p.error("give --init (trajectories) and/or --layers_of (layer analysis)")

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cli import Parser, at_least, int_list, os_error, ready_out_dir
+from cli import THREADS_HELP, Parser, at_least, default_threads, int_list, os_error, ready_out_dir
 from tokenizer import prompt_ids, stop_ids
 
 from math_grader import MINERVA_SHOTS, extract_boxed, extract_math, grade_math  # noqa: F401 (interface)
@@ -68,12 +68,13 @@ def parse_args(argv=None):
     p.add_argument("--split", default="val", help="depth/loss: which split of the data dir")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=default_threads(), help=THREADS_HELP)
     p.add_argument("--out_dir", default=None)
     args = p.parse_args(argv)
     try:
         args.r = int_list(args.r, "--r")
         at_least(args, 0, "limit", "shots", "chunk")
-        at_least(args, 1, "max_new_tokens", "batch_size", "num_batches", "seq_len")
+        at_least(args, 1, "max_new_tokens", "batch_size", "num_batches", "seq_len", "threads")
     except ValueError as e:
         p.error(str(e))
     args.shots = {"gsm8k": 1, "math": 4}.get(args.task, 0) if args.shots is None else args.shots
@@ -522,6 +523,7 @@ def run_task(args, model, problems):
 
 def main(argv=None):
     args = parse_args(argv)
+    torch.set_num_threads(args.threads)
     print("config:", json.dumps(vars(args)))
     try:  # an out_dir that cannot be written fails now, not after the whole evaluation
         out_dir = ready_out_dir(args.out_dir)

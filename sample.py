@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cli import Parser, at_least
+from cli import THREADS_HELP, Parser, at_least, default_threads
 from tokenizer import prompt_ids, stop_ids
 
 from kv_cache import KVCache
@@ -390,7 +390,7 @@ def parse_args(argv=None):
     p.add_argument("--chat", **flag, help="wrap each prompt in the parent's chat template")
     p.add_argument("--bos", type=str2bool, default=True, help="start plain prompts with the parent's document separator (BOS or <|endoftext|>)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads (1 is faster when other jobs share the cores)")
+    p.add_argument("--threads", type=int, default=default_threads(), help=THREADS_HELP)
     args = p.parse_args(argv)
     try:  # before the model loads: each wrong flag by name
         at_least(args, 0, "temperature", "exit_threshold")

@@ -1,0 +1,29 @@
+"""The scripts' command lines as a newcomer meets them: CPU thread defaults that do not fall off a cliff
+when another job shares the cores (cli.default_threads)."""
+
+import os
+
+import pytest
+
+import analyze
+import cli
+import eval_math
+import sample
+
+PARSE = {  # each script's parser, with just its required flags
+    "sample": lambda: sample.parse_args([]),
+    "eval_math": lambda: eval_math.parse_args(["--init", "x", "--task", "loss"]),
+    "analyze": lambda: analyze.get_args(["--init", "x"]),
+}
+
+
+@pytest.mark.parametrize("cores, expected", [({0}, 1), ({0, 1}, 1), (set(range(16)), 8)])
+@pytest.mark.parametrize("script", sorted(PARSE))
+def test_threads_default_to_half_the_cores(script, cores, expected, monkeypatch):
+    # 2 threads on 2 shared cores made sample.py's prefill 4-10x slower than 1 (cli.default_threads)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores, raising=False)
+    assert PARSE[script]().threads == expected
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting wins
+    assert PARSE[script]().threads == 3
+    assert cli.default_threads() == 3
