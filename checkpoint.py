@@ -280,6 +280,19 @@ def load_state(path):
                           f"lists, dicts): {first}") from None
 
 
+def remove_run(out_dir):
+    """Remove the saves of a training run in out_dir (the top-level links, `latest`, ckpt/, a train_state.pt)
+    so that another checkpoint can be written there (surgery.py --overwrite); other files stay. Readers
+    see "no checkpoint" from the first unlink on. Call it holding the lock."""
+    for name in (*FILES, POINTER):
+        path = os.path.join(out_dir, name)
+        if os.path.islink(path) or (name == "train_state.pt" and os.path.isfile(path)):
+            os.unlink(path)
+    remove_stale(out_dir)  # with no `latest`: every save
+    if os.path.isdir(os.path.join(out_dir, "ckpt")):
+        os.rmdir(os.path.join(out_dir, "ckpt"))
+
+
 def lock(out_dir):
     """Own out_dir for the life of this process: flock on out_dir/.lock, which the kernel releases when
     the process ends, however it ends (a killed run never leaves it stuck). Keep the returned file open."""
@@ -295,7 +308,7 @@ def lock(out_dir):
         holder = f.read().strip() or "another process"
         f.close()
         raise RunDirError(f"{out_dir} is in use by another training run ({holder}): wait for it to end, "
-                          f"or choose another --out_dir") from None
+                          f"or use another directory") from None
     f.truncate(0)
     f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
     f.flush()

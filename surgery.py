@@ -24,6 +24,7 @@ import sys
 
 import torch
 
+import checkpoint
 from cli import Parser, int_list
 from hub import CheckpointError, checkpoint_revision, resolve_checkpoint
 from model import RecurrentConfig, RecurrentGPT
@@ -285,6 +286,8 @@ def main(argv=None):
     p.add_argument("--shape", default="4,6,4", help="P,R,C: prelude, recurrent core and coda layer counts")
     p.add_argument("--layers", default=None, help="explicit layer map, e.g. 0-3,6-11,12-15 (overrides --shape)")
     p.add_argument("--out", help="output checkpoint directory")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a checkpoint already in --out (a training run's saves there go with it)")
     p.add_argument("--static", action="store_true",
                    help="no loop: the same layers run once (the non-recurrent baseline; P+R+C = all layers keeps the whole parent)")
     p.add_argument("--adapter_init", default="identity", choices=["identity", "sum", "random"])
@@ -303,10 +306,17 @@ def main(argv=None):
         if not args.init or not args.out:
             p.error("--init and --out are required")
         shape = tuple(int_list(args.shape, "--shape", n=3))
+        existing = [n for n in ("model.safetensors", "config.json") if os.path.lexists(os.path.join(args.out, n))]
+        if existing and not args.overwrite:
+            raise SurgeryError(f"--out {args.out} already holds a checkpoint ({' and '.join(existing)}): pass "
+                               f"--overwrite to replace it, or choose another --out")
+        run_lock = checkpoint.lock(args.out) if existing else None  # noqa: F841 (not while a training run owns it)
         print(f"surgery: init={args.init} shape={args.shape} layers={args.layers} static={args.static}")
         model, src = retrofit(args.init, shape, layers=args.layers, static=args.static, untie=args.untie,
                               adapter_init=args.adapter_init, state_init=args.state_init,
                               mean_recurrence=args.mean_recurrence)  # fmt: skip
+        if existing:  # a training run's links would point past the new files at its old saves
+            checkpoint.remove_run(args.out)
         write_checkpoint(model, src, args.out)
         counts = model.param_counts()
         print(f"layers: {json.dumps(model.config.layers)}")
@@ -321,7 +331,7 @@ def main(argv=None):
             print("self-check: none for a static model (no loop, no adapter: it is the layer-dropped parent itself)")
         print(f"wrote {args.out}")
         return 0
-    except (SurgeryError, CheckpointError, FileNotFoundError, ValueError) as err:
+    except (SurgeryError, CheckpointError, FileNotFoundError, ValueError, checkpoint.RunDirError) as err:
         print(f"surgery.py: error: {err}", file=sys.stderr)
         return 1
 

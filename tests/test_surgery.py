@@ -175,6 +175,28 @@ def test_cli_bad_input_one_line(tmp_path):
         assert res.stderr.startswith("surgery.py: error:"), res.stderr
 
 
+def test_cli_refuses_to_overwrite_a_checkpoint(tmp_path):
+    import checkpoint
+    from model import RecurrentConfig
+
+    make_parent("smollm2", tmp_path / "parent")
+    tiny = RecurrentGPT(RecurrentConfig(vocab_size=320, n_embd=32, n_head=2, n_kv_head=2, head_dim=16, n_core=1))
+    cut = tmp_path / "cut"  # what an earlier surgery wrote
+    tiny.save_pretrained(cut)
+    run = tmp_path / "run"  # a training run: its names are links into ckpt/ (checkpoint.save)
+    checkpoint.save(run, 2, tiny, {"step": 2}, {"step": 2})
+    for out in (cut, run):
+        res = run_cli("--init", str(tmp_path / "parent"), "--shape", "1,2,1", "--out", str(out))
+        assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert f"--out {out} already holds a checkpoint (model.safetensors and config.json)" in res.stderr
+        assert "--overwrite" in res.stderr and RecurrentGPT.from_pretrained(str(out)).config.n_embd == 32  # untouched
+    res = run_cli("--init", str(tmp_path / "parent"), "--shape", "1,2,1", "--out", str(run), "--overwrite")
+    assert res.returncode == 0, res.stderr
+    assert RecurrentGPT.from_pretrained(str(run)).config.layers == {"prelude": [0], "core": [3, 4], "coda": [5]}
+    # the run's saves went with it: no link or train state left pointing at the old weights
+    assert not any(os.path.lexists(run / n) for n in ("latest", "ckpt", "train_state.pt"))
+
+
 def test_cli_static_takes_the_cuts_layers_and_checks_honestly(tmp_path):
     # --static used to keep "the whole parent" by P and C alone: 4,1,4 on 6 layers made 8 blocks with
     # layers 2-3 twice, and printed a self-check of 0.00e+00 that never ran
