@@ -80,8 +80,8 @@ DEFAULTS = dict(
 # --resume continues the run as it was: every key must equal the run's saved value (config.json, "train"),
 # except these, which change neither the model nor the optimizer (max_iters does move the decay and the
 # curriculum that are fractions of it: that is how a run is extended)
-RESUME_MAY_CHANGE = ("config", "resume", "max_iters", "eval_interval", "eval_iters", "eval_r", "log_interval",
-                     "device", "compile", "max_bad_steps", "diverge_factor", "peak_flops")
+RESUME_MAY_CHANGE = ("config", "resume", "out_dir", "max_iters", "eval_interval", "eval_iters", "eval_r",
+                     "log_interval", "device", "compile", "max_bad_steps", "diverge_factor", "peak_flops")
 
 
 class TrainError(Exception):

@@ -55,8 +55,8 @@ class Ops:
             with open(self.record, "a") as f:
                 f.write(json.dumps({"save": self.saves, "op": self.n, "name": name, "path": str(path)}) + "\n")
         target = (self.saves, self.n) == (self.save, self.op)
-        if target and self.mode == "fail" and name != "open":
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        if target and self.mode == "fail" and name != "open":  # an fsync'ed descriptor is not a file name
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), *([path] if isinstance(path, str) else []))
         result = do()
         if target and self.mode == "fail":
             return FullDisk(result)

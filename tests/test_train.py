@@ -5,6 +5,8 @@ the synthetic depth task (data/depth/prepare.py), each run a few seconds on CPU.
 import json
 import math
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+import checkpoint
 import train
 from model import RecurrentConfig, RecurrentGPT
 
@@ -264,9 +267,73 @@ def test_nan_loss_is_skipped_then_stops(depth_dir, tmp_path):
     p = run_train([*TINY, "--init", str(ckpt), "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=20",
                    "--eval_interval=2", "--max_bad_steps=3"], check=False)
     assert p.returncode == 1 and "3 steps in a row" in p.stderr and "Traceback" not in p.stderr
+    assert f"{out} holds no checkpoint" in p.stderr and "last good" not in p.stderr  # none was written
     log = [json.loads(l) for l in open(out / "log.jsonl")]
     assert [d["step"] for d in log if d.get("skipped")] == [1, 2, 3]
     assert not (out / "train_state.pt").exists()  # nothing bad was saved
+
+
+def test_diverging_run_stops_before_saving(depth_dir, tmp_path):
+    # AdamW with an lr ramping to absurd values: the loss explodes but stays finite; a save every 2 steps
+    out = tmp_path / "diverge"
+    p = run_train([*TINY, "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=60", "--eval_interval=2",
+                   "--optimizer=adamw", "--adam_lr=30", "--warmup_iters=300"], check=False)
+    err = one_line_error(p, "the run diverged", "--diverge_factor")
+    stop = int(re.match(r"error: step (\d+):", err).group(1))
+    _, saved = checkpoint.current(out)
+    assert saved is not None and saved < stop and f"the checkpoint of step {saved} in {out} is untouched" in err
+    log = [json.loads(l) for l in open(out / "log.jsonl")]
+    assert max(d["step"] for d in log) == stop  # stopped there
+    best = {d["step"]: min(v["loss"] for v in d["val"].values()) for d in log if "val" in d}
+    assert best[saved] <= 4 * min(v for s, v in best.items() if s <= saved)  # what was saved had not diverged
+
+
+def test_loss_spike_stops_the_run_and_says_no_checkpoint_exists(depth_dir, tmp_path):
+    # the train loss against its running level (no eval after step 0: only that check can stop the run)
+    out = tmp_path / "spike"
+    p = run_train([*TINY, "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=60", "--eval_interval=100",
+                   "--optimizer=adamw", "--adam_lr=30", "--warmup_iters=300", "--diverge_factor=3"], check=False)
+    err = one_line_error(p, "x its running level", "the run diverged", f"{out} holds no checkpoint")
+    assert "last good" not in err and checkpoint.current(out) == (None, None)
+
+
+@pytest.fixture(scope="module")
+def resumable(depth_dir, tmp_path_factory):
+    """A 2-step run saved at step 2, to resume from."""
+    out = tmp_path_factory.mktemp("resumable") / "out"
+    run_train([*TINY, "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=2", "--eval_interval=2"])
+    return out
+
+
+def test_resume_refuses_flags_that_change_the_model_or_optimizer(depth_dir, resumable, tmp_path):
+    moved = tmp_path / "moved"  # the same data (same fingerprint) in another directory
+    shutil.copytree(depth_dir, moved)
+    other = tmp_path / "other"  # data of another tokenizer
+    shutil.copytree(depth_dir, other)
+    meta = json.load(open(other / "meta.json"))
+    (other / "meta.json").write_text(json.dumps({**meta, "fingerprint": "0123456789abcdef"}))
+    cases = [(["--learning_rate=0.5", "--n_embd=48", "--optimizer=adamw", "--shape", "1,2,1", "--static"],
+              ["--learning_rate 0.5 here, 0.02 in the run", "--n_embd 48 here, 32 in the run",
+               "--optimizer 'adamw' here, 'muon' in the run", "--shape '1,2,1' here, '1,1,1' in the run",
+               "--static True here, False in the run"]),
+             (["--data", str(moved)], [f"--data '{moved}' here, '{depth_dir}' in the run"]),
+             (["--data", str(other)], [f"--data {other} has fingerprint 0123456789abcdef here"])]
+    for flags, needles in cases:
+        p = run_train([*TINY, "--data", str(depth_dir), "--out_dir", str(resumable), "--max_iters=4", "--resume",
+                       *flags], check=False)
+        one_line_error(p, f"--resume: {resumable} was trained with other settings", *needles)
+    assert checkpoint.find(resumable)[1] == 2
+
+
+def test_resume_may_change_length_and_evaluation_and_records_them(depth_dir, resumable, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(resumable, out, symlinks=True)
+    run_train([*TINY, "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=3", "--eval_interval=3",
+               "--eval_r=1", "--eval_iters=2", "--log_interval=2", "--resume"])
+    cfg = json.load(open(out / "config.json"))["train"]
+    assert [cfg[k] for k in ("step", "max_iters", "eval_interval", "eval_r", "eval_iters", "log_interval")] == \
+        [3, 3, 3, "1", 2, 2]
+    assert cfg["run"]["device"] == "cpu" and cfg["run"]["world_size"] == 1  # what was really used
 
 
 def test_other_tokenizer_is_refused(depth_dir, tmp_path):
