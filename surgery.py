@@ -290,8 +290,10 @@ def main(argv=None):
                    help="replace a checkpoint already in --out (a training run's saves there go with it)")
     p.add_argument("--static", action="store_true",
                    help="no loop: the same layers run once (the non-recurrent baseline; P+R+C = all layers keeps the whole parent)")
-    p.add_argument("--adapter_init", default="identity", choices=["identity", "sum", "random"])
-    p.add_argument("--state_init", default="normal", choices=["normal", "zero", "embed"])
+    p.add_argument("--adapter_init", default="identity", choices=["identity", "sum", "random"],
+                   help="adapter on cat[s, e]: identity [0 | I] (r=1 is the layer-dropped parent), sum, or random")
+    p.add_argument("--state_init", default="normal", choices=["normal", "zero", "embed"],
+                   help="s_0: truncated normal (Huginn), zeros, or the prelude output e")
     p.add_argument("--untie", action="store_true", help="untie the output head (as the published retrofits do)")
     p.add_argument("--mean_recurrence", type=int, default=4, help="default r when a script does not give one")
     p.add_argument("--export-raven", nargs=2, metavar=("DIR", "OUT"), help="write checkpoint DIR in the raven format")

@@ -45,38 +45,65 @@ from muon import Muon
 
 # -----------------------------------------------------------------------------
 # defaults: the offline CPU run. Every key can be set by --config FILE (JSON) or --key=value / --key value.
-DEFAULTS = dict(
-    config="",  # JSON file of defaults; command-line flags override it
+# One table of (default, what it means): DEFAULTS and the --help texts are both read off it.
+FLAGS = dict(
+    config=("", "JSON file of defaults; command-line flags override it"),
     # model
-    init="smollm2",  # parent (short name, hub id, dir, .gguf), a checkpoint dir to continue from, or "scratch"
-    shape="6,8,6",  # prelude, core, coda layers (a mild cut of SmolLM2's 30: reference.md section 5)
-    layers="",  # explicit parent layer map, e.g. 0-3,6-11,12-15 (overrides --shape)
-    static=False,  # the non-recurrent baseline: the same layers run once (P+R+C = all layers: the whole parent)
-    adapter_init="identity",  # [0 | I]: r=1 equals the layer-dropped parent
-    state_init="",  # normal | zero | embed; "" keeps the model's own
-    untie=False,  # untie the head from the embedding (the published retrofits do)
-    n_embd=64, n_head=4, n_kv_head=0, intermediate_size=0,  # --init=scratch only (0: n_head, 4 n_embd)
+    init=("smollm2", 'parent (short name, hub id, dir, .gguf), a checkpoint dir to continue from, or "scratch"'),
+    shape=("6,8,6", "P,R,C: prelude, core, coda layers (a mild cut of SmolLM2's 30: reference.md section 5)"),
+    layers=("", "explicit parent layer map, e.g. 0-3,6-11,12-15 (overrides --shape)"),
+    static=(False, "the non-recurrent baseline: the same layers run once (P+R+C = all layers: the whole parent)"),
+    adapter_init=("identity", "identity [0 | I] (r=1 equals the layer-dropped parent) | sum | random"),
+    state_init=("", 's_0: normal | zero | embed; "" keeps the model\'s own'),
+    untie=(False, "untie the head from the embedding (the published retrofits do)"),
+    n_embd=(64, "--init=scratch: width h"),
+    n_head=(4, "--init=scratch: attention heads"),
+    n_kv_head=(0, "--init=scratch: key/value heads (0: n_head)"),
+    intermediate_size=(0, "--init=scratch: MLP width (0: 4 n_embd)"),
     # data
-    data="data/sotu", out_dir="out",  # nanoGPT's out/: where sample.py looks by default
-    batch_size=4, block_size=256,  # micro-batch rows and tokens per row (row data uses its seq_len)
-    total_batch_tokens=0,  # tokens per optimizer step over all ranks (gradient accumulation); 0 = one micro-batch
+    data=("data/sotu", "a prepared data dir (data/*/prepare.py)"),
+    out_dir=("out", "checkpoint, log.jsonl, loss.png (nanoGPT's out/: where sample.py looks by default)"),
+    batch_size=(4, "micro-batch rows per rank"),
+    block_size=(256, "tokens per row (row data uses its seq_len)"),
+    total_batch_tokens=(0, "tokens per optimizer step over all ranks (gradient accumulation); 0 = one micro-batch"),
     # optimization
-    max_iters=100, optimizer="muon",  # muon (paper) | adamw (baseline: AdamW at --adam_lr on everything)
-    learning_rate=1e-3, adam_lr=5e-5, weight_decay=1e-4, beta1=0.9, beta2=0.95,
-    muon_momentum=0.95, muon_adjust_lr="original",  # torch.optim.Muon's adjust_lr_fn
-    warmup_iters=10, decay_frac=0.2, min_lr_frac=0.0,  # warmup-stable-decay
-    grad_clip=1.0, freeze="none",  # none | base (only the adapter, and norms with --train_norms, train)
-    train_norms=False,
+    max_iters=(100, "optimizer steps"),
+    optimizer=("muon", "muon (paper: Muon on block matrices and adapter, AdamW on the rest) | adamw (AdamW on all)"),
+    learning_rate=(1e-3, "Muon's peak lr"),
+    adam_lr=(5e-5, "AdamW's peak lr (embeddings, head, norms, biases; everything with --optimizer adamw)"),
+    weight_decay=(1e-4, "decoupled weight decay of both optimizers"),
+    beta1=(0.9, "AdamW beta1"),
+    beta2=(0.95, "AdamW beta2"),
+    muon_momentum=(0.95, "Muon's momentum"),
+    muon_adjust_lr=("original", "torch.optim.Muon's adjust_lr_fn: original | match_rms_adamw"),
+    warmup_iters=(10, "warmup-stable-decay: steps of linear warmup"),
+    decay_frac=(0.2, "warmup-stable-decay: last fraction of max_iters with linear decay"),
+    min_lr_frac=(0.0, "warmup-stable-decay: the lr at the end, as a fraction of the peak"),
+    grad_clip=(1.0, "clip the gradient norm to this; 0 = no clipping"),
+    freeze=("none", "none | base (only the adapter, and norms with --train_norms, train)"),
+    train_norms=(False, "with --freeze base: the RMSNorm weights train too"),
     # recurrence
-    mean_recurrence=4, recurrence_sigma=0.5, backprop_depth=8,
-    curriculum="constant", curriculum_frac=0.25,  # constant | linear | 1-sqrt over that fraction of max_iters
-    step_supervision=False, step_supervision_anneal=0.0,  # last fraction of steps fading to outcome-only loss
+    mean_recurrence=(4, "rbar: each step draws r = Poisson(exp(tau)) + 1, E[exp(tau)] = rbar"),
+    recurrence_sigma=(0.5, "std of tau, tau ~ N(log rbar - sigma^2/2, sigma)"),
+    backprop_depth=(8, "k: only the last k loops keep activations (truncated backprop through depth)"),
+    curriculum=("constant", "rbar over the first --curriculum_frac of max_iters: constant | linear | 1-sqrt"),
+    curriculum_frac=(0.25, "fraction of max_iters that the curriculum takes to reach --mean_recurrence"),
+    step_supervision=(False, "per-loop readout loss (arXiv 2608.11233; needs DIR/train_step.bin, e.g. data/depth)"),
+    step_supervision_anneal=(0.0, "last fraction of steps fading to outcome-only loss"),
     # evaluation, logging, system
-    eval_interval=50, eval_iters=2, eval_r="1,4,8,32", log_interval=1,  # r=32 evals cost 13x a parent forward on CPU
-    device="auto", compile=False, seed=1337, resume=False, max_bad_steps=5,
-    diverge_factor=4.0,  # stop at a loss over this times its running level and 1 nat above it (diverged()); 0 = off
-    peak_flops=0.0,  # FLOP/s of one device, for MFU (e.g. 989e12 for an H100 in bf16); 0 = no MFU
+    eval_interval=(50, "evaluate (and save) every N steps, and at the end"),
+    eval_iters=(2, "validation batches per r"),
+    eval_r=("1,4,8,32", "loop counts to evaluate (an r=32 eval costs 13x a parent forward on CPU)"),
+    log_interval=(1, "print a line every N steps"),
+    device=("auto", "auto (cuda when available) | cpu | cuda | cuda:N"),
+    compile=(False, "torch.compile the blocks (off on CPU)"),
+    seed=(1337, "seeds the data order, r and s_0 draws, and a scratch model's init"),
+    resume=(False, "continue the run in --out_dir exactly where it stopped"),
+    max_bad_steps=(5, "stop after this many NaN/inf steps in a row (each is skipped)"),
+    diverge_factor=(4.0, "stop at a loss over this times its running level and 1 nat above it; 0 = off"),
+    peak_flops=(0.0, "FLOP/s of one device, for MFU (e.g. 989e12 for an H100 in bf16); 0 = no MFU"),
 )
+DEFAULTS = {key: default for key, (default, _) in FLAGS.items()}
 # --resume continues the run as it was: every key must equal the run's saved value (config.json, "train"),
 # except these, which change neither the model nor the optimizer (max_iters does move the decay and the
 # curriculum that are fractions of it: that is how a run is extended)
@@ -107,11 +134,12 @@ def parse_args(argv=None):
     """DEFAULTS <- --config FILE <- command line. Unknown keys anywhere are an error; flag values are
     checked here (check_args), before any data or model loads."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    for key, value in DEFAULTS.items():
+    for key, (value, text) in FLAGS.items():
+        text = text.replace("%", "%%") + " (default: %(default)r)"  # argparse %-formats help texts
         if isinstance(value, bool):  # --static, --static=true, --static false
-            parser.add_argument(f"--{key}", type=str2bool, nargs="?", const=True, default=value)
+            parser.add_argument(f"--{key}", type=str2bool, nargs="?", const=True, default=value, help=text)
         else:
-            parser.add_argument(f"--{key}", type=type(value), default=value)
+            parser.add_argument(f"--{key}", type=type(value), default=value, help=text)
     first, _ = parser.parse_known_args(argv)
     if first.config:
         try:
