@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from cli import THREADS_HELP, Parser, at_least, default_threads, int_list, os_error, ready_out_dir
+from sample import EXIT_THRESHOLDS
 from tokenizer import prompt_ids, stop_ids
 
 from math_grader import MINERVA_SHOTS, extract_boxed, extract_math, grade_math  # noqa: F401 (interface)
@@ -62,7 +63,8 @@ def parse_args(argv=None):
     p.add_argument("--max_new_tokens", type=int, default=None, help="default: gsm8k 256, math 512")
     p.add_argument("--chunk", type=int, default=0, help="tokens per generate() call (0: all of --max_new_tokens in one)")
     p.add_argument("--batch_size", type=int, default=8, help="prompts (gsm8k, math) or rows (depth, loss) per forward")
-    p.add_argument("--exit_criterion", default=None, help="adaptive exit (sample.py), e.g. kl")
+    p.add_argument("--exit_criterion", default=None, choices=list(EXIT_THRESHOLDS),
+                   help="adaptive exit (sample.py), e.g. kl")
     p.add_argument("--exit_threshold", type=float, default=None, help="of --exit_criterion (default: Huginn's)")
     p.add_argument("--num_batches", type=int, default=20, help="loss: batches of --batch_size rows")
     p.add_argument("--seq_len", type=int, default=256, help="loss: tokens per row for plain text data")
@@ -74,10 +76,12 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     try:
         args.r = int_list(args.r, "--r")
-        at_least(args, 0, "limit", "shots", "chunk")
+        at_least(args, 0, "limit", "shots", "chunk", "exit_threshold")
         at_least(args, 1, "max_new_tokens", "batch_size", "num_batches", "seq_len", "threads")
     except ValueError as e:
         p.error(str(e))
+    if args.exit_criterion and args.task not in ("gsm8k", "math"):
+        p.error("--exit_criterion applies to the generation tasks (gsm8k, math)")
     args.shots = {"gsm8k": 1, "math": 4}.get(args.task, 0) if args.shots is None else args.shots
     args.max_new_tokens = args.max_new_tokens or {"gsm8k": 256, "math": 512}.get(args.task, 0)
     args.out_dir = args.out_dir or f"out/eval/{args.task}"
@@ -543,8 +547,8 @@ def main(argv=None):
     if not model.config.recurrent and args.r != [1]:
         print("static-depth model: num_steps has no effect, evaluating once (r=1)")
         args.r = [1]
-    if args.exit_criterion and (args.task not in ("gsm8k", "math") or not model.config.recurrent):
-        raise EvalError("--exit_criterion needs a recurrent model and a generation task (gsm8k, math)")
+    if args.exit_criterion and not model.config.recurrent:
+        raise EvalError("--exit_criterion needs a recurrent model: a static one runs its layers once")
     # one place decides the dtype: bf16 autocast on CUDA, plain fp32 on CPU
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if "cuda" in args.device else contextlib.nullcontext()
     with amp:

@@ -441,3 +441,19 @@ def test_prompts_past_the_context_are_warned_about(smol_tok_dir, tmp_path, capsy
                     "--max_new_tokens", "2", "--out_dir", str(tmp_path / "out")])
     warning = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert len(warning) == 1 and "2 of 2 prompts" in warning[0] and "context of 24 tokens" in warning[0]
+
+
+@pytest.mark.parametrize("name,keep,needle", [("val.bin", -1, "val.bin has 839 bytes, not a whole number of uint16"),
+                                              ("val_targets.bin", -4, "targets has 419 entries but ids have 420"),
+                                              ("val.bin", 0, "val.bin is empty")])
+def test_truncated_row_data_is_one_line(depth_setup, tmp_path, name, keep, needle):
+    data, ckpt = depth_setup
+    broken = tmp_path / "data"
+    broken.mkdir()
+    for f in ("meta.json", "val.bin", "val_targets.bin", "val_step.bin"):
+        raw = (data / f).read_bytes()
+        (broken / f).write_bytes(raw[:keep] if f == name else raw)
+    with pytest.raises(eval_math.EvalError, match=needle) as e:
+        eval_math.main(["--init", str(ckpt), "--task", "depth", "--data", str(broken), "--r", "1",
+                        "--out_dir", str(tmp_path / "out")])
+    assert "rerun prepare.py" in str(e.value) and "\n" not in str(e.value)
