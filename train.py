@@ -95,6 +95,7 @@ FLAGS = dict(
     eval_iters=(2, "validation batches per r"),
     eval_r=("1,4,8,32", "loop counts to evaluate (an r=32 eval costs 13x a parent forward on CPU)"),
     log_interval=(1, "print a line every N steps"),
+    ckpt_minutes=(5.0, "also save between evals once this many minutes passed since the last save; 0 = at evals only"),
     device=("auto", "auto (cuda when available) | cpu | cuda | cuda:N"),
     compile=(False, "torch.compile the blocks (off on CPU)"),
     seed=(1337, "seeds the data order, r and s_0 draws, and a scratch model's init"),
@@ -108,7 +109,8 @@ DEFAULTS = {key: default for key, (default, _) in FLAGS.items()}
 # except these, which change neither the model nor the optimizer (max_iters does move the decay and the
 # curriculum that are fractions of it: that is how a run is extended)
 RESUME_MAY_CHANGE = ("config", "resume", "out_dir", "max_iters", "eval_interval", "eval_iters", "eval_r",
-                     "log_interval", "device", "compile", "max_bad_steps", "diverge_factor", "peak_flops")
+                     "log_interval", "ckpt_minutes", "device", "compile", "max_bad_steps", "diverge_factor",
+                     "peak_flops")
 
 
 class TrainError(Exception):
@@ -303,10 +305,15 @@ class LoopLoss(torch.nn.Module):
 def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, autocast):
     """Validation loss (and, for labeled data, accuracy overall and per step count k) at each r, on
     the same fixed batches every time; the global RNG is forked so evaluating never changes training."""
+    from tqdm import tqdm
+
     model.eval()
     out = {}
+    bar = tqdm(total=len(r_values) * eval_iters, desc="eval", unit="batch", leave=False, disable=None,
+               dynamic_ncols=True)  # None: off without a TTY
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         for r in r_values:
+            bar.set_description(f"eval r={r}")
             torch.manual_seed(seed)  # the s_0 draws of the evaluation
             losses, correct, total = [], {}, {}
             for it in range(eval_iters):
@@ -321,14 +328,26 @@ def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, a
                         sel = (group == kk) & (y != IGNORE_INDEX)
                         correct[kk] = correct.get(kk, 0) + hit[sel].sum().item()
                         total[kk] = total.get(kk, 0) + sel.sum().item()
+                bar.update(1)
             res = {"loss": sum(losses) / len(losses)}
             if total:
                 res["acc"] = sum(correct.values()) / sum(total.values())
                 if steps is not None:
                     res["acc_by_k"] = {str(kk): correct[kk] / total[kk] for kk in sorted(total)}
             out[str(r)] = res
+    bar.close()
     model.train()
     return out
+
+
+def time_ahead(model, args, step, tokens_per_step, seconds_per_flop, eval_seconds):
+    """Seconds the rest of the run takes at the pace so far: the steps left at their mean r (E[r] = rbar + 1,
+    by model.flops_per_token) at the seconds per FLOP measured, and the evals left at the last one's time."""
+    flops = tokens_per_step * sum(model.flops_per_token(mean_recurrence_at(
+        s, args.max_iters, args.mean_recurrence, args.curriculum, args.curriculum_frac) + 1, args.backprop_depth)
+        for s in range(step, args.max_iters))
+    evals = sum(s % args.eval_interval == 0 or s == args.max_iters for s in range(step + 1, args.max_iters + 1))
+    return flops * seconds_per_flop + evals * eval_seconds
 
 
 # -----------------------------------------------------------------------------
@@ -593,11 +612,15 @@ def train(args):
 
     bar = tqdm(total=args.max_iters, initial=step, disable=None if master else True, dynamic_ncols=True)  # None: off without a TTY
     start_step, tokens_seen, bad_in_row, t_start = step, step * total, 0, time.time()
+    t_saved, timed_s, timed_flops, eval_s = t_start, 0.0, 0.0, 0.0  # the checkpoint timer; the pace so far
     while True:
         # evaluate and save; a resumed run's first step was evaluated (and logged) before its save
-        if (step % args.eval_interval == 0 or step == args.max_iters) and not (args.resume and step == start_step):
+        evaluate = (step % args.eval_interval == 0 or step == args.max_iters) and not (args.resume and step == start_step)
+        if evaluate:
             if master:
+                t_eval = time.time()
                 val = estimate_loss(model, val_data, eval_r, args.eval_iters, args.batch_size, device, args.seed, autocast)
+                eval_s = time.time() - t_eval
                 log.write(json.dumps({"step": step, "val": val}) + "\n")
                 log.flush()
                 bar.write(f"step {step}: " + ", ".join(
@@ -610,9 +633,12 @@ def train(args):
                                      f"saved, {on_disk(args.out_dir)} (lower the lr?)")
                 if math.isfinite(best):  # a model that was never finite has no level to diverge from
                     levels["val"] = best if levels["val"] is None else min(levels["val"], best)
-                if step > start_step and bad_in_row == 0:  # not the step just loaded, nor after skipped steps
-                    save_checkpoint(model, opts, step, args, meta["fingerprint"], args.out_dir, flops_seen, levels,
-                                    run_info)
+        # save at every eval, and between evals every --ckpt_minutes: the default CPU run (1-3 min a step on 2 shared
+        # cores, evals every 50 steps) has a checkpoint within minutes, not after an hour or two
+        due = evaluate or (args.ckpt_minutes > 0 and time.time() - t_saved >= 60 * args.ckpt_minutes)
+        if master and due and step > start_step and bad_in_row == 0:  # not the step just loaded, nor after skipped steps
+            save_checkpoint(model, opts, step, args, meta["fingerprint"], args.out_dir, flops_seen, levels, run_info)
+            t_saved = time.time()
         if step >= args.max_iters:
             break
 
@@ -661,6 +687,7 @@ def train(args):
         step_flops = model.flops_per_token(r, args.backprop_depth) * total * T_step // T
         tokens_seen += total
         flops_seen += step_flops
+        timed_s, timed_flops = timed_s + dt, timed_flops + model.flops_per_token(r, args.backprop_depth) * total
         rec = {"step": step, "loss": loss_sum.item(), "r": r, "mean_r": mean_r, "tokens": tokens_seen,
                "flops": flops_seen, "tokens_per_sec": total / dt, "lr_mult": lr_mult, "grad_norm": grad_norm.item(),
                "dt": dt, "elapsed": time.time() - t_start}
@@ -682,6 +709,11 @@ def train(args):
                 mfu = f", mfu {rec['mfu'] * 100:.1f}%" if "mfu" in rec else ""
                 bar.write(f"step {step}: loss {rec['loss']:.4f}, r {r} (mean {mean_r}), {rec['tokens_per_sec']:.0f} tok/s"
                           f", {dt * 1000:.0f} ms{mfu}")
+            if step == start_step + 3 and step < args.max_iters:  # the first steps set the pace: say what is ahead
+                ahead = time_ahead(model, args, step, total, timed_s / timed_flops, eval_s)
+                ahead = f"{ahead / 60:.0f} min" if ahead >= 120 else f"{ahead:.0f} s"
+                bar.write(f"~{ahead} for the {args.max_iters - step} steps left at this pace "
+                          f"({timed_s / 3:.2g} s a step so far" + (f", {eval_s:.2g} s an eval)" if eval_s else ")"))
         if bad_in_row >= args.max_bad_steps:
             raise TrainError(f"{bad_in_row} steps in a row had a NaN/inf loss or gradient (step {step}): stopping; "
                              f"{on_disk(args.out_dir)} (lower the lr?)")

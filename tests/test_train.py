@@ -2,6 +2,8 @@
 equivalence, exact resume, crash safety, NaN handling and the tokenizer check. Tiny scratch models on
 the synthetic depth task (data/depth/prepare.py), each run a few seconds on CPU."""
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -455,3 +457,45 @@ def test_ctrl_c_says_where_the_run_stands(depth_dir, tmp_path):
     step = json.load(open(out / "config.json"))["train"]["step"]  # the checkpoint on disk is the one named
     err = one_line_error(done, "interrupted (Ctrl-C)", code=130)
     assert f"the checkpoint of step {step} in {out} is untouched" in err
+
+
+# -----------------------------------------------------------------------------
+# what a long run tells a newcomer: its expected time, progress while it evaluates, a checkpoint within minutes
+
+
+def test_run_says_its_expected_time(depth_dir, tmp_path):
+    p = run_train([*TINY, "--data", str(depth_dir), "--out_dir", str(tmp_path / "eta"), "--max_iters=6"])
+    assert re.search(r"^~\d+ (s|min) for the 3 steps left at this pace \(", p.stdout, re.M), p.stdout
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_evaluation_shows_progress(depth_dir, monkeypatch):
+    # the default run's first evaluation (r = 1, 4, 8, 32 on a 100M model) was two silent minutes on CPU
+    monkeypatch.setattr(sys, "stderr", FakeTTY())  # tqdm draws only on a terminal
+    data = train.open_data(str(depth_dir), "val", 256)
+    model = RecurrentGPT(RecurrentConfig(vocab_size=14, n_embd=32, n_head=2, n_kv_head=2, head_dim=16))
+    train.estimate_loss(model, data, [1, 2], 3, 4, torch.device("cpu"), 0, contextlib.nullcontext())
+    assert re.search(r"eval r=\d+: +\d+%.* \d/6 \[", sys.stderr.getvalue()), sys.stderr.getvalue()  # r and batches of 2 x 3
+
+
+def test_checkpoint_between_evals(depth_dir, tmp_path):
+    # evals every 50 steps of ~1 min made the default run's first checkpoint an hour away: --ckpt_minutes saves
+    # between them (the default within minutes; here every 0.06 s)
+    assert 0 < train.DEFAULTS["ckpt_minutes"] <= 5
+    out = tmp_path / "timed"
+    p = subprocess.Popen([sys.executable, str(REPO / "train.py"), *TINY, "--data", str(depth_dir), "--out_dir", str(out),
+                          "--eval_interval=100000", "--max_iters=100000", "--ckpt_minutes=0.001"],
+                         cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while not (out / "train_state.pt").exists() and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    step = json.load(open(out / "config.json"))["train"]["step"]
+    assert 1 <= step < 100000  # a save that is not an eval step
