@@ -39,11 +39,11 @@ MANIFEST = "manifest.json"
 
 
 class RunDirError(Exception):
-    """A run directory that cannot be locked, saved to or resumed from: the message says why, in one line."""
+    """A run directory that cannot be locked, saved to or resumed from; the message says why in one line."""
 
 
 # -----------------------------------------------------------------------------
-# small filesystem steps: what changes the disk is an os.* call or open() of this module (bench/kill_save.py counts them)
+# small filesystem steps: what changes the disk is an os.* call or open() here (bench/kill_save.py counts them)
 
 
 def write_file(path, dump):
@@ -86,13 +86,18 @@ def fsync_dir(path):
 def link(out_dir, name, target):
     """Make out_dir/name a symlink to target with one atomic rename (a new link, then os.replace)."""
     path = os.path.join(out_dir, name)
-    with_suffix = path + ".tmp-link"
     if os.path.islink(path) and os.readlink(path) == target:
         return
-    if os.path.lexists(with_suffix):  # left by a killed save
-        os.unlink(with_suffix)
-    os.symlink(target, with_suffix)
-    os.replace(with_suffix, path)
+    if os.path.lexists(path + ".tmp-link"):  # left by a killed save
+        os.unlink(path + ".tmp-link")
+    os.symlink(target, path + ".tmp-link")
+    os.replace(path + ".tmp-link", path)
+
+
+def remove_tmp_links(out_dir):
+    for name in (POINTER, *FILES):
+        if os.path.lexists(os.path.join(out_dir, name + ".tmp-link")):
+            os.unlink(os.path.join(out_dir, name + ".tmp-link"))
 
 
 def remove_dir(path):
@@ -127,9 +132,7 @@ def remove_stale(out_dir, keep=None):
         path = os.path.join(ckpt, name)
         if name not in kept:
             remove_dir(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
-    for name in (POINTER, *FILES):
-        if os.path.lexists(os.path.join(out_dir, name + ".tmp-link")):
-            os.unlink(os.path.join(out_dir, name + ".tmp-link"))
+    remove_tmp_links(out_dir)
 
 
 def mount_of(path):
@@ -144,7 +147,9 @@ def mount_of(path):
     except OSError:
         pass
     st = os.statvfs(path)
-    return f"the disk mounted at {path} ({device}{st.f_bavail * st.f_frsize / 1e9:.1f} GB free)"
+    free = st.f_bavail * st.f_frsize
+    free = f"{free / 1e9:.1f} GB" if free > 1e9 else f"{free / 1e6:.1f} MB"
+    return f"the disk mounted at {path} ({device}{free} free)"
 
 
 # -----------------------------------------------------------------------------
@@ -203,9 +208,7 @@ def remove_quietly(path, out_dir):
     try:
         if os.path.isdir(path):
             remove_dir(path)
-        for name in (POINTER, *FILES):
-            if os.path.lexists(os.path.join(out_dir, name + ".tmp-link")):
-                os.unlink(os.path.join(out_dir, name + ".tmp-link"))
+        remove_tmp_links(out_dir)
     except OSError:
         pass
 

@@ -242,10 +242,11 @@ def main():
             problem = kill_and_resume(data, work, save, d["op"])
             failed += problem is not None
             where = os.path.relpath(d["path"], work) if d["path"].startswith("/") else f"fd {d['path']}"
-            print(f"save {save} op {d['op']:2d} {d['name']:8s} {where:48s} {'ok' if problem is None else 'FAIL: ' + problem}",
-                  flush=True)
+            result = "ok" if problem is None else "FAIL: " + problem
+            print(f"save {save} op {d['op']:2d} {d['name']:8s} {where:48s} {result}", flush=True)
     total = sum(len([d for d in ops[s] if a.ops is None or d["op"] in a.ops]) for s in a.save)
-    print(f"{total - failed}/{total} kills resumed to the uninterrupted result ({time.time() - t0:.0f} s, runs in {work})")
+    print(f"{total - failed}/{total} kills resumed to the uninterrupted result ({time.time() - t0:.0f} s, "
+          f"runs in {work})")
     return 1 if failed else 0
 
 
