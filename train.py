@@ -634,11 +634,12 @@ def train(args):
                 if math.isfinite(best):  # a model that was never finite has no level to diverge from
                     levels["val"] = best if levels["val"] is None else min(levels["val"], best)
         # save at every eval, and between evals every --ckpt_minutes: the default CPU run (1-3 min a step on 2 shared
-        # cores, evals every 50 steps) has a checkpoint within minutes, not after an hour or two
-        due = evaluate or (args.ckpt_minutes > 0 and time.time() - t_saved >= 60 * args.ckpt_minutes)
-        if master and due and step > start_step and bad_in_row == 0:  # not the step just loaded, nor after skipped steps
+        # cores, evals every 50 steps) has a checkpoint within minutes, not after an hour or two. An eval's val loss
+        # vouches for the weights it saves; a save between evals waits for the next step's loss (below)
+        if master and evaluate and step > start_step and bad_in_row == 0:  # not the step just loaded, nor after skips
             save_checkpoint(model, opts, step, args, meta["fingerprint"], args.out_dir, flops_seen, levels, run_info)
             t_saved = time.time()
+        save_due = not evaluate and args.ckpt_minutes > 0 and time.time() - t_saved >= 60 * args.ckpt_minutes
         if step >= args.max_iters:
             break
 
@@ -671,6 +672,12 @@ def train(args):
             dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, args.grad_clip if args.grad_clip > 0 else float("inf"))
         bad = not (math.isfinite(loss_sum.item()) and math.isfinite(grad_norm.item()))
+        # a finite loss far above its running level: the weights diverged; the run stops once this step is logged
+        spike = not bad and levels["steps"] >= 5 and diverged(loss_sum.item(), levels["loss"], args.diverge_factor)
+        if master and save_due and not bad and not spike and step > start_step and bad_in_row == 0:
+            # the weights of `step` before this step's update, now that their loss showed they did not diverge
+            save_checkpoint(model, opts, step, args, meta["fingerprint"], args.out_dir, flops_seen, levels, run_info)
+            t_saved = time.time()
         if bad:  # skip: no update; grads are identical on every rank after the all-reduce, so all ranks agree
             bad_in_row += 1
         else:
@@ -717,11 +724,11 @@ def train(args):
         if bad_in_row >= args.max_bad_steps:
             raise TrainError(f"{bad_in_row} steps in a row had a NaN/inf loss or gradient (step {step}): stopping; "
                              f"{on_disk(args.out_dir)} (lower the lr?)")
-        if not bad:  # a finite loss far above the running level: diverging, stop before anything is saved
-            if levels["steps"] >= 5 and diverged(rec["loss"], levels["loss"], args.diverge_factor):
-                raise TrainError(f"step {step}: loss {rec['loss']:.4g} is over {args.diverge_factor:g}x its running "
-                                 f"level {levels['loss']:.4g} (--diverge_factor): the run diverged, stopping; "
-                                 f"{on_disk(args.out_dir)} (lower the lr?)")
+        if spike:  # nothing of it was saved
+            raise TrainError(f"step {step}: loss {rec['loss']:.4g} is over {args.diverge_factor:g}x its running "
+                             f"level {levels['loss']:.4g} (--diverge_factor): the run diverged, stopping; "
+                             f"{on_disk(args.out_dir)} (lower the lr?)")
+        if not bad:  # the running level: an EMA of the good steps' losses
             levels["loss"] = rec["loss"] if levels["steps"] == 0 else 0.9 * levels["loss"] + 0.1 * rec["loss"]
             levels["steps"] += 1
     bar.close()

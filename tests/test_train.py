@@ -299,6 +299,19 @@ def test_loss_spike_stops_the_run_and_says_no_checkpoint_exists(depth_dir, tmp_p
     assert "last good" not in err and checkpoint.current(out) == (None, None)
 
 
+def test_saves_between_evals_wait_for_the_next_loss(depth_dir, tmp_path):
+    # a save due at every step (--ckpt_minutes): the weights of step N-1, whose loss (logged as step N) spiked,
+    # are not saved; those of N-2 were, once step N-1's loss had shown they were fine
+    out = tmp_path / "timed_spike"
+    p = run_train([*TINY, "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=60", "--eval_interval=100",
+                   "--ckpt_minutes=0.00001", "--optimizer=adamw", "--adam_lr=30", "--warmup_iters=300",
+                   "--diverge_factor=3"], check=False)
+    err = one_line_error(p, "x its running level", "the run diverged")
+    stop = int(re.match(r"error: step (\d+):", err).group(1))
+    _, saved = checkpoint.current(out)
+    assert saved == stop - 2 and f"the checkpoint of step {saved} in {out} is untouched" in err, err
+
+
 @pytest.fixture(scope="module")
 def resumable(depth_dir, tmp_path_factory):
     """A 2-step run saved at step 2, to resume from."""
