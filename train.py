@@ -99,7 +99,8 @@ FLAGS = dict(
     device=("auto", "auto (cuda when available) | cpu | cuda | cuda:N"),
     compile=(False, "torch.compile the blocks (off on CPU)"),
     seed=(1337, "seeds the data order, r and s_0 draws, and a scratch model's init"),
-    resume=(False, "continue the run in --out_dir exactly where it stopped"),
+    resume=(False, "continue the run in --out_dir exactly where it stopped, with its flags: only max_iters, eval_*, "
+                   "log_interval, ckpt_minutes, device, compile, max_bad_steps, diverge_factor, peak_flops may differ"),
     max_bad_steps=(5, "stop after this many NaN/inf steps in a row (each is skipped)"),
     diverge_factor=(4.0, "stop at a loss over this times its running level and 1 nat above it; 0 = off"),
     peak_flops=(0.0, "FLOP/s of one device, for MFU (e.g. 989e12 for an H100 in bf16); 0 = no MFU"),
