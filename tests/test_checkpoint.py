@@ -87,7 +87,6 @@ def run_bench(*flags):
                           capture_output=True, text=True, timeout=1800)
 
 
-@pytest.mark.slow
 def test_kill_around_the_commit_resumes_exactly(depth_dir, tmp_path):
     # ops 13 and 14 of the second save: the new link made (not yet committed), and the rename that commits
     p = run_bench("--save", "2", "--ops", "13", "14", "--data", str(depth_dir), "--work", str(tmp_path))
