@@ -11,6 +11,7 @@ evaluation's s_0 draws stay fixed, so the spread is the spread of training.
     python repeat.py --out_dir out/seeds/depth --seeds 1337,2,3 -- --config config/cpu_depth.json --data data/depth
     python repeat.py --out_dir out/seeds/depth_ss --seeds 1337,2,3 -- --config config/cpu_depth.json \\
         --data data/depth --step_supervision
+    python repeat.py --compare out/demo/eval_depth out/demo/eval_retrofit_depth   # two evals side by side
 Everything after `--` goes to train.py (per seed: --seed S --out_dir OUT/seed_S are added). Writes
 OUT/seed_S/ (the run and its eval/), OUT/summary.json (command, seeds, git commit, seconds, the
 table) and OUT/depth_seeds.png; prints the table as markdown. A seed whose run and evaluation are
@@ -110,8 +111,50 @@ def plot(table, train_max_k, path, title):
     plt.close(fig)
 
 
+def compare(eval_dirs):
+    """Print the depth tables of several eval_math.py --task depth runs side by side (cells a / b / ...)
+    and plot their accuracy against r, one panel per run, into the first run's folder."""
+    runs = [json.loads((Path(d) / "summary.json").read_text()) for d in eval_dirs]
+    tables = [{k: {str(row["r"]): row["by_k"][k]["accuracy"] for row in s["results"]} for k in s["results"][0]["by_k"]}
+              for s in runs]
+    rs = sorted({r for t in tables for cells in t.values() for r in cells}, key=int)
+    ks = sorted({k for t in tables for k in t}, key=int)
+    print(f"accuracy by depth k and test loops r; cells: " + " / ".join(str(d) for d in eval_dirs)
+          + "  (* beyond that run's trained depth)")
+    print("| k | " + " | ".join(f"r={r}" for r in rs) + " |\n" + "|---" * (len(rs) + 1) + "|")
+    for k in ks:
+        cell = lambda t, s, r: (f"{t[k][r]:.2f}" + ("*" if int(k) > s["train_max_k"] else "")
+                                if k in t and r in t[k] else "-")
+        print(f"| {k} | " + " | ".join(" / ".join(cell(t, s, r) for t, s in zip(tables, runs)) for r in rs) + " |")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), sharey=True, squeeze=False)
+    for ax, t, s, d in zip(axes[0], tables, runs, eval_dirs):
+        for k in sorted(t, key=int):
+            ax.plot([int(r) for r in t[k]], list(t[k].values()), marker="o",
+                    ls="-" if int(k) <= s["train_max_k"] else "--", label=f"k={k}")
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="test loops r", title=f"{Path(d).name} (trained k <= {s['train_max_k']})", ylim=(0, 1.02))
+        ax.axhline(1 / 6, color="grey", lw=0.8, ls=":")
+        ax.legend(fontsize=7, ncol=2)
+    axes[0][0].set_ylabel("accuracy")
+    fig.tight_layout()
+    path = Path(eval_dirs[0]).parent / "depth_compare.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
 def main():
     argv = sys.argv[1:]
+    if argv[:1] == ["--compare"]:
+        missing = [d for d in argv[1:] if not (Path(d) / "summary.json").is_file()]
+        if not argv[1:] or missing:
+            sys.exit(f"repeat.py: error: --compare needs eval_math.py output dirs (no summary.json in {missing})")
+        return compare(argv[1:])
     train_args = argv[argv.index("--") + 1:] if "--" in argv else []
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--out_dir", required=True, help="one folder per seed goes inside")

@@ -341,6 +341,16 @@ def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, a
     return out
 
 
+def adapter_norms(model):
+    """Frobenius norms of the adapter's two halves, W = [W_s | W_e] on cat[s, e]: from [0 | I] the state
+    half must grow for the loop to matter at all (arXiv 2608.11233 asks to show that the injection path
+    receives training signal); None for a static model."""
+    if not model.config.recurrent:
+        return None
+    W, h = model.adapter.weight.detach().float(), model.config.n_embd
+    return {"state": W[:, :h].norm().item(), "embed": W[:, h:].norm().item()}
+
+
 def time_ahead(model, args, step, tokens_per_step, seconds_per_flop, eval_seconds):
     """Seconds the rest of the run takes at the pace so far: the steps left at their mean r (E[r] = rbar + 1,
     by model.flops_per_token) at the seconds per FLOP measured, and the evals left at the last one's time."""
@@ -622,10 +632,12 @@ def train(args):
                 t_eval = time.time()
                 val = estimate_loss(model, val_data, eval_r, args.eval_iters, args.batch_size, device, args.seed, autocast)
                 eval_s = time.time() - t_eval
-                log.write(json.dumps({"step": step, "val": val}) + "\n")
+                adapter = adapter_norms(model)
+                log.write(json.dumps({"step": step, "val": val, **({"adapter": adapter} if adapter else {})}) + "\n")
                 log.flush()
                 bar.write(f"step {step}: " + ", ".join(
-                    f"r={r} val {v['loss']:.4f}" + (f" acc {v['acc']:.3f}" if "acc" in v else "") for r, v in val.items()))
+                    f"r={r} val {v['loss']:.4f}" + (f" acc {v['acc']:.3f}" if "acc" in v else "") for r, v in val.items())
+                    + (f"; adapter |W_s| {adapter['state']:.2f}, |W_e| {adapter['embed']:.2f}" if adapter else ""))
                 # the model about to be saved: its loss at its best r must not be far above the best so far
                 best = min((v["loss"] for v in val.values() if math.isfinite(v["loss"])), default=float("nan"))
                 if levels["val"] is not None and diverged(best, levels["val"], args.diverge_factor):

@@ -409,6 +409,18 @@ def test_static_baseline_trains_without_a_loop(depth_dir, tmp_path):
     assert list(log[-1]["val"]) == ["1"]  # one depth to evaluate
 
 
+def test_eval_logs_the_adapters_state_half(depth_dir, tmp_path):
+    """From [0 | I] the adapter's state half starts at 0; the log shows whether training moves it (the
+    injection path must receive training signal for the loop to matter)."""
+    out = tmp_path / "adapter"
+    p = run_train([*TINY, "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=4", "--eval_interval=4"])
+    evals = [json.loads(l) for l in open(out / "log.jsonl") if '"val"' in l]
+    assert evals[0]["adapter"]["state"] == 0.0 and evals[0]["adapter"]["embed"] == pytest.approx(32 ** 0.5)
+    W = RecurrentGPT.from_pretrained(out).adapter.weight.detach()
+    assert evals[-1]["adapter"]["state"] == pytest.approx(W[:, :32].norm().item()) and W[:, :32].norm() > 0
+    assert "adapter |W_s|" in p.stdout + p.stderr
+
+
 # -----------------------------------------------------------------------------
 # one-line errors, before the long work
 
@@ -453,7 +465,6 @@ def test_truncated_row_data_is_one_line(depth_dir, tmp_path, damage, needle):
         (data / f).write_bytes(cut if isinstance(cut, bytes) else raw[:cut] if cut else raw)
     p = run_train([*TINY, "--data", str(data), "--out_dir", str(tmp_path / "o"), "--max_iters=1"], check=False)
     one_line_error(p, needle, "rerun prepare.py")
-
 
 
 def test_ctrl_c_says_where_the_run_stands(depth_dir, tmp_path):
