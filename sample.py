@@ -403,7 +403,6 @@ def parse_args(argv=None):
     return args
 
 
-
 def read_prompts(args):
     if args.prompt_file is not None or args.prompt.startswith("FILE:"):
         path = args.prompt_file if args.prompt_file is not None else args.prompt[len("FILE:"):]
