@@ -100,9 +100,11 @@ FLAGS = dict(
     compile=(False, "torch.compile the blocks (off on CPU)"),
     seed=(1337, "seeds the data order, r and s_0 draws, and a scratch model's init"),
     resume=(False, "continue the run in --out_dir exactly where it stopped, with its flags: only max_iters, eval_*, "
-                   "log_interval, ckpt_minutes, device, compile, max_bad_steps, diverge_factor, peak_flops may differ"),
+                   "log_interval, ckpt_minutes, device, compile, max_bad_steps, diverge_*, peak_flops may differ"),
     max_bad_steps=(5, "stop after this many NaN/inf steps in a row (each is skipped)"),
-    diverge_factor=(4.0, "stop at a loss over this times its running level and 1 nat above it; 0 = off"),
+    diverge_factor=(4.0, "a train loss over this times its running level and 1 nat above it is a spike (never "
+                         "saved); 0 = off"),
+    diverge_steps=(3, "stop after this many spikes in a row (one alone is the sampled r: an r=1 step reads out early)"),
     peak_flops=(0.0, "FLOP/s of one device, for MFU (e.g. 989e12 for an H100 in bf16); 0 = no MFU"),
 )
 DEFAULTS = {key: default for key, (default, _) in FLAGS.items()}
@@ -111,7 +113,7 @@ DEFAULTS = {key: default for key, (default, _) in FLAGS.items()}
 # curriculum that are fractions of it: that is how a run is extended)
 RESUME_MAY_CHANGE = ("config", "resume", "out_dir", "max_iters", "eval_interval", "eval_iters", "eval_r",
                      "log_interval", "ckpt_minutes", "device", "compile", "max_bad_steps", "diverge_factor",
-                     "peak_flops")
+                     "diverge_steps", "peak_flops")
 
 
 class TrainError(Exception):
@@ -163,8 +165,8 @@ def check_args(args):
     try:
         int_list(args.shape, "--shape", n=3)
         int_list(args.eval_r, "--eval_r")
-        at_least(args, 1, "eval_interval", "eval_iters", "batch_size", "block_size", "max_bad_steps", "log_interval",
-                 "mean_recurrence", "backprop_depth")
+        at_least(args, 1, "eval_interval", "eval_iters", "batch_size", "block_size", "max_bad_steps", "diverge_steps",
+                 "log_interval", "mean_recurrence", "backprop_depth")
         at_least(args, 0, "max_iters", "warmup_iters", "total_batch_tokens", "recurrence_sigma", "grad_clip")
     except ValueError as err:
         raise TrainError(str(err)) from None
@@ -685,8 +687,11 @@ def train(args):
             dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, args.grad_clip if args.grad_clip > 0 else float("inf"))
         bad = not (math.isfinite(loss_sum.item()) and math.isfinite(grad_norm.item()))
-        # a finite loss far above its running level: the weights diverged; the run stops once this step is logged
+        # a finite loss far above its running level: not saved; --diverge_steps of them in a row are a divergence
+        # (one alone is the r of the step: at r = 1 a model trained with per-loop supervision reads out after one
+        # loop, 1.24 against a running level of 0.07 in a from-scratch depth run)
         spike = not bad and levels["steps"] >= 5 and diverged(loss_sum.item(), levels["loss"], args.diverge_factor)
+        levels["spikes"] = levels.get("spikes", 0) + 1 if spike else 0
         if master and save_due and not bad and not spike and step > start_step and bad_in_row == 0:
             # the weights of `step` before this step's update, now that their loss showed they did not diverge
             save_checkpoint(model, opts, step, args, meta["fingerprint"], args.out_dir, flops_seen, levels, run_info)
@@ -737,11 +742,11 @@ def train(args):
         if bad_in_row >= args.max_bad_steps:
             raise TrainError(f"{bad_in_row} steps in a row had a NaN/inf loss or gradient (step {step}): stopping; "
                              f"{on_disk(args.out_dir)} (lower the lr?)")
-        if spike:  # nothing of it was saved
+        if levels["spikes"] >= args.diverge_steps:  # nothing of them was saved
             raise TrainError(f"step {step}: loss {rec['loss']:.4g} is over {args.diverge_factor:g}x its running "
-                             f"level {levels['loss']:.4g} (--diverge_factor): the run diverged, stopping; "
-                             f"{on_disk(args.out_dir)} (lower the lr?)")
-        if not bad:  # the running level: an EMA of the good steps' losses
+                             f"level {levels['loss']:.4g} for {levels['spikes']} steps in a row (--diverge_factor, "
+                             f"--diverge_steps): the run diverged, stopping; {on_disk(args.out_dir)} (lower the lr?)")
+        if not bad and not spike:  # the running level: an EMA of the good steps' losses
             levels["loss"] = rec["loss"] if levels["steps"] == 0 else 0.9 * levels["loss"] + 0.1 * rec["loss"]
             levels["steps"] += 1
     bar.close()

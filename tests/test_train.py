@@ -308,8 +308,31 @@ def test_saves_between_evals_wait_for_the_next_loss(depth_dir, tmp_path):
                    "--diverge_factor=3"], check=False)
     err = one_line_error(p, "x its running level", "the run diverged")
     stop = int(re.match(r"error: step (\d+):", err).group(1))
+    first_spike = stop - (train.DEFAULTS["diverge_steps"] - 1)  # the run stops at the last of the spikes in a row
     _, saved = checkpoint.current(out)
-    assert saved == stop - 2 and f"the checkpoint of step {saved} in {out} is untouched" in err, err
+    assert saved == first_spike - 2 and f"the checkpoint of step {saved} in {out} is untouched" in err, err
+
+
+def test_one_spike_alone_does_not_stop_the_run(depth_dir, tmp_path, monkeypatch):
+    """A single step far above the running level (what an r = 1 step of a per-loop supervised model looks
+    like) is not saved, but only --diverge_steps of them in a row stop the run."""
+    calls, forward = [], train.LoopLoss.forward
+
+    def one_spike(self, *a, **kw):
+        calls.append(1)
+        loss = forward(self, *a, **kw)
+        return loss * 10 + 5 if len(calls) == 12 else loss
+    monkeypatch.setattr(train.LoopLoss, "forward", one_spike)
+    out = tmp_path / "one_spike"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    train.main([*TINY, "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=16", "--eval_interval=100"])
+    losses = step_losses(out)
+    assert max(losses) == 16 and losses[12] > 4 * losses[11] + 1  # the spike happened, the run went on
+    calls.clear()
+    with pytest.raises(SystemExit):
+        train.main([*TINY, "--data", str(depth_dir), "--out_dir", str(tmp_path / "strict"), "--max_iters=16",
+                    "--eval_interval=100", "--diverge_steps=1"])
+    assert max(step_losses(tmp_path / "strict")) == 12
 
 
 @pytest.fixture(scope="module")
