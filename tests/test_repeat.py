@@ -51,6 +51,11 @@ def test_seeds_table_reuse_and_refusal(tmp_path):
     p = repeat("--out_dir", out, "--seeds", "1,2", "--r", "1,2", "--", *TINY, "--data", data)
     assert p.returncode == 0 and "seed 1: reusing" in p.stdout
     assert (out / "seed_1" / "model.safetensors").stat().st_mtime_ns == mtime
+    # an unfinished seed of this command (killed before its evaluation) is trained again from the start
+    (out / "seed_2" / "eval" / "summary.json").unlink()
+    p = repeat("--out_dir", out, "--seeds", "1,2", "--r", "1,2", "--", *TINY, "--data", data)
+    assert p.returncode == 0 and "seed 2: " in p.stdout and "starting it again" in p.stdout
+    assert (out / "seed_2" / "model.safetensors").read_bytes() == w[1]  # the same run, not appended to
     # another command into the same folder is refused, in one line, before it trains
     p = repeat("--out_dir", out, "--seeds", "1", "--r", "1,2", "--", *TINY, "--data", data, "--adam_lr=1e-3")
     assert p.returncode != 0 and p.stderr.strip().splitlines()[-1].startswith("repeat.py: error:")
