@@ -93,22 +93,32 @@ def markdown(table, train_max_k, n_seeds):
     return "\n".join(lines)
 
 
-def plot(table, train_max_k, path, title):
+def pyplot():
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
+    return plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for k in sorted((k for k in table if k.isdigit()), key=int):
-        rs = [int(r) for r in table[k]]
-        ax.errorbar(rs, [c["mean"] for c in table[k].values()], yerr=[c["std"] for c in table[k].values()],
-                    marker="o", capsize=3, ls="-" if int(k) <= train_max_k else "--", label=f"k={k}")
+
+def depth_panel(ax, curves, train_max_k, title):
+    """Accuracy against r, one line per depth k (dashed beyond the trained depth), with chance (1/6) marked.
+    curves: {k: (r values, accuracies, spreads or None)}."""
+    for k, (rs, acc, err) in sorted(curves.items(), key=lambda kv: int(kv[0])):
+        ax.errorbar(rs, acc, yerr=err, marker="o", capsize=3, ls="-" if int(k) <= train_max_k else "--", label=f"k={k}")
     ax.set_xscale("log", base=2)
-    ax.set(xticks=rs, xticklabels=rs, xlabel="test loops r", ylabel="accuracy (mean ± std over seeds)",
-           ylim=(0, 1.02), title=title)
+    ax.set(xticks=rs, xticklabels=rs, xlabel="test loops r", ylim=(0, 1.02), title=title)
     ax.axhline(1 / 6, color="grey", lw=0.8, ls=":")  # chance: 6 answers
     ax.legend(fontsize=7, ncol=2)
+
+
+def plot(table, train_max_k, path, title):
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    curves = {k: ([int(r) for r in by_r], [c["mean"] for c in by_r.values()], [c["std"] for c in by_r.values()])
+              for k, by_r in table.items() if k.isdigit()}
+    depth_panel(ax, curves, train_max_k, title)
+    ax.set_ylabel("accuracy (mean ± std over seeds)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -129,20 +139,11 @@ def compare(eval_dirs):
         cell = lambda t, s, r: (f"{t[k][r]:.2f}" + ("*" if int(k) > s["train_max_k"] else "")
                                 if k in t and r in t[k] else "-")
         print(f"| {k} | " + " | ".join(" / ".join(cell(t, s, r) for t, s in zip(tables, runs)) for r in rs) + " |")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), sharey=True, squeeze=False)
     for ax, t, s, d in zip(axes[0], tables, runs, eval_dirs):
-        for k in sorted(t, key=int):
-            ax.plot([int(r) for r in t[k]], list(t[k].values()), marker="o",
-                    ls="-" if int(k) <= s["train_max_k"] else "--", label=f"k={k}")
-        ax.set_xscale("log", base=2)
-        ax.set(xlabel="test loops r", title=f"{Path(d).name} (trained k <= {s['train_max_k']})", ylim=(0, 1.02))
-        ax.axhline(1 / 6, color="grey", lw=0.8, ls=":")
-        ax.legend(fontsize=7, ncol=2)
+        curves = {k: ([int(r) for r in by_r], list(by_r.values()), None) for k, by_r in t.items()}
+        depth_panel(ax, curves, s["train_max_k"], f"{Path(d).name} (trained k <= {s['train_max_k']})")
     axes[0][0].set_ylabel("accuracy")
     fig.tight_layout()
     path = Path(eval_dirs[0]).parent / "depth_compare.png"
