@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from cli import THREADS_HELP, Parser, at_least, default_threads, int_list, os_error, ready_out_dir
-from tokenizer import prompt_ids
+from plumbing.cli import THREADS_HELP, Parser, at_least, default_threads, int_list, os_error, ready_out_dir, str2bool
+from plumbing.tokenizer import prompt_ids
 
 DEFAULT_PROMPT = "The capital of France is Paris. The capital of Germany is Berlin, and the capital of Italy is"
 # Lincoln, Gettysburg Address (1863), public domain: the default calibration text for the layer analysis
@@ -71,12 +71,12 @@ def record_trajectory(model, idx, r, seed=0, readout=True):
     argmax (r, T), and the final log-probs (T, V). Without readout only the final log-probs."""
     T = idx.shape[1]
     rope = model.rope(torch.arange(T, device=idx.device))
-    e = model.embed(idx, rope)
+    e = model.run_prelude(idx, rope)
     gen = torch.Generator(device=idx.device).manual_seed(seed)
     s = model.init_state(e, generator=gen)
     states, kl, argmax, prev = [s[0].double()], [], [], None
     for step in tqdm(range(r), desc=f"seed {seed}", leave=False, disable=r < 16):
-        s = model.core_step(s, e, rope, step)
+        s = model.iterate(s, e, rope, step)
         states.append(s[0].double())
         if readout or step == r - 1:
             logp = F.log_softmax(model.readout(s, rope)[0].double(), dim=-1)  # (T, V)
@@ -383,7 +383,7 @@ def analyze_trajectory(model, tok, args):
 def analyze_layers(args):
     """Per-layer BI and angular distance of the parent args.layers_of on the calibration text."""
     from surgery import retrofit
-    from tokenizer import load_tokenizer
+    from plumbing.tokenizer import load_tokenizer
 
     shape = int_list(args.shape, "--shape", n=3)
     model, src = retrofit(args.layers_of, shape=None, static=True)  # every layer, in order
@@ -420,17 +420,11 @@ def analyze_layers(args):
 # -----------------------------------------------------------------------------
 
 
-def parse_bool(s):
-    if s.lower() not in ("1", "true", "yes", "0", "false", "no"):
-        raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
-    return s.lower() in ("1", "true", "yes")
-
-
 def get_args(argv=None):
     p = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--init", help="checkpoint to analyze (anything surgery.load_model takes)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="text whose latent trajectories are recorded")
-    p.add_argument("--bos", type=parse_bool, default=True, help="start the text with the parent's document separator (BOS or <|endoftext|>)")
+    p.add_argument("--bos", type=str2bool, default=True, help="start the text with the parent's document separator (BOS or <|endoftext|>)")
     p.add_argument("--r", type=int, default=64, help="iterations to record")
     p.add_argument("--r_star", type=int, default=None, help="iterations for the limit point s* (default --r)")
     p.add_argument("--seeds", type=int, default=4, help="random s_0 draws for path independence")
@@ -473,7 +467,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     print("analyze: " + " ".join(f"{k}={v!r}" for k, v in vars(args).items()))
     try:
-        from hub import CheckpointError
+        from plumbing.hub import CheckpointError
         from surgery import SurgeryError, load_model
 
         expected = (AnalyzeError, SurgeryError, CheckpointError, FileNotFoundError, ValueError)
@@ -484,7 +478,7 @@ def main(argv=None):
         report = {"config": vars(args)}
         ready_out_dir(args.out_dir)  # a file in the way or a read-only disk: before the work, not after
         if args.init:
-            from tokenizer import load_tokenizer
+            from plumbing.tokenizer import load_tokenizer
 
             overrides = {k: getattr(args, k) for k in ("state_init", "state_std") if getattr(args, k) is not None}
             model, tok_path = load_model(args.init, device=args.device, **overrides)

@@ -26,7 +26,6 @@ import json
 import math
 import random
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,11 +34,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cli import THREADS_HELP, Parser, at_least, default_threads, int_list, os_error, ready_out_dir
+from plumbing.cli import THREADS_HELP, Parser, at_least, default_threads, git_commit, int_list, os_error, ready_out_dir
 from sample import EXIT_THRESHOLDS
-from tokenizer import prompt_ids, stop_ids
+from plumbing.tokenizer import prompt_ids, stop_ids
 
-from math_grader import MINERVA_SHOTS, extract_boxed, extract_math, grade_math  # noqa: F401 (interface)
+from plumbing.math_grader import MINERVA_SHOTS, extract_boxed, extract_math, grade_math  # noqa: F401 (interface)
 
 REPO = Path(__file__).resolve().parent
 
@@ -332,7 +331,7 @@ def load_bin(args, model):
             raise ValueError(f"data vocab {meta['vocab_size']} > model vocab {model.config.vocab_size}")
         tok_path = Path(args.tok_path)
         if tok_path.suffix == ".gguf" or any((tok_path / f).exists() for f in ("tokenizer.json", "tokenizer.model", "original")):
-            from tokenizer import load_tokenizer  # text data: same tokenizer as the model, or the loss is noise
+            from plumbing.tokenizer import load_tokenizer  # text data: same tokenizer as the model, or the loss is noise
             check_tokenizer(meta, load_tokenizer(args.tok_path).fingerprint, args.data, args.init)
         return (meta,) + open_split(args.data, args.split, meta)
     except (FileNotFoundError, ValueError) as e:
@@ -507,17 +506,10 @@ def plot(args, rows, out_dir):
     return [out_dir / name for _, name in figs]
 
 
-def git_commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return None
-
-
 def run_task(args, model, problems):
     """records (one dict per problem, row or batch, per r) and the data's meta (depth, loss) or None."""
     if args.task in ("gsm8k", "math"):
-        from tokenizer import load_tokenizer
+        from plumbing.tokenizer import load_tokenizer
         try:
             tok = load_tokenizer(args.tok_path)
         except (FileNotFoundError, ValueError) as e:
@@ -536,7 +528,7 @@ def main(argv=None):
         raise EvalError(str(e)) from None
     problems = load_problems(args) if args.task in ("gsm8k", "math") else None  # bad rows fail before the model loads
     torch.manual_seed(args.seed)
-    from hub import CheckpointError
+    from plumbing.hub import CheckpointError
     from surgery import SurgeryError, load_model
 
     try:  # a checkpoint dir, a raven checkpoint, or a parent (all layers, identity adapter)

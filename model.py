@@ -263,7 +263,7 @@ class RecurrentGPT(nn.Module):
         dtype = self.embed_tokens.weight.dtype
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def embed(self, idx, rope, mask=None, cache=None):
+    def run_prelude(self, idx, rope, mask=None, cache=None):
         x = self.embed_tokens(idx)  # (B, T, h)
         if self.config.embed_scale != 1.0:
             x = x * self.config.embed_scale
@@ -290,10 +290,11 @@ class RecurrentGPT(nn.Module):
                 draw(s[b], torch.Generator(e.device).manual_seed(seed))
         return (s * c.state_scale).to(e.dtype)
 
-    def core_step(self, s, e, rope, step, mask=None, cache=None):
+    def iterate(self, s, e, rope, i, mask=None, cache=None):
+        """Loop i (0-based) of the recurrence: s_{i+1} = R(adapter(cat[s_i, e]))."""
         x = self.adapter(torch.cat([s, e], dim=-1)) if self.config.recurrent else e  # (B, T, h)
-        for i, block in enumerate(self.core):
-            x = block(x, rope, mask, cache, ("core", i, step))
+        for j, block in enumerate(self.core):
+            x = block(x, rope, mask, cache, ("core", j, i))
         if self.config.iter_norm:
             x = self.iter_norm(x)
         return x
@@ -308,7 +309,7 @@ class RecurrentGPT(nn.Module):
         x = self.norm(x)
         return self.lm_head(x if positions is None else x[positions]).float()
 
-    def split_steps(self, num_steps):
+    def split_loops(self, num_steps):
         """num_steps (int r, a pair (n, k), or None) -> (n iterations without grad, k with grad)."""
         if not self.config.recurrent:
             return 0, 1
@@ -320,17 +321,17 @@ class RecurrentGPT(nn.Module):
         return n, k
 
     def forward(self, idx, targets=None, num_steps=None):
-        n_nograd, k_grad = self.split_steps(num_steps)
+        n_nograd, k_grad = self.split_loops(num_steps)
         rope = self.rope(torch.arange(idx.shape[1], device=idx.device))
-        e = self.embed(idx, rope)
+        e = self.run_prelude(idx, rope)
         s = self.init_state(e)
         # truncated backprop through depth: the first n iterations keep no activations; the prelude
         # still gets gradient through e, which is injected again in every grad iteration
         with torch.no_grad():
             for step in range(n_nograd):
-                s = self.core_step(s, e, rope, step)
+                s = self.iterate(s, e, rope, step)
         for step in range(n_nograd, n_nograd + k_grad):
-            s = self.core_step(s, e, rope, step)
+            s = self.iterate(s, e, rope, step)
         logits = self.readout(s, rope)
         loss = None
         if targets is not None:
@@ -424,7 +425,7 @@ class RecurrentGPT(nn.Module):
         with open(cfg_path) as f:
             cfg = json.load(f)
         if cfg.get("model_type") == "huginn_raven":
-            from raven import load_raven
+            from plumbing.raven import load_raven
 
             return load_raven(path, device=device, **overrides)
         config = config_from_dict(cfg, **overrides)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cli import int_list
+from plumbing.cli import git_commit, int_list
 
 REPO = Path(__file__).resolve().parent
 
@@ -182,7 +182,7 @@ def main():
     summaries = [seed_result(s, out_dir, train_args, args.r, eval_args) for s in args.seeds]
     table, train_max_k = aggregate(summaries), summaries[0]["train_max_k"]
     text = markdown(table, train_max_k, len(args.seeds))
-    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    git = git_commit()
     out = {"command": shlex.join(["python", "repeat.py", *argv]), "seeds": args.seeds, "git_commit": git or None,
            "seconds": time.time() - t0, "train_max_k": train_max_k, "table": table, "markdown": text}
     (out_dir / "summary.json").write_text(json.dumps(out, indent=2))

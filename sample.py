@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cli import THREADS_HELP, Parser, at_least, default_threads
-from tokenizer import prompt_ids, stop_ids
+from plumbing.cli import THREADS_HELP, Parser, at_least, default_threads, str2bool
+from plumbing.tokenizer import prompt_ids, stop_ids
 
-from kv_cache import KVCache
+from plumbing.kv_cache import KVCache
 
 # Huginn's defaults; argmax counts iterations, the rest are "value below threshold". The paper's
 # figure uses 5e-4 for kl; its code defaults to 1e-3.
@@ -103,7 +103,7 @@ class ExitRule:
 
 
 class Decoder:
-    """Runs the model's pieces (embed, init_state, core_step, readout) over new tokens at position
+    """Runs the model's pieces (run_prelude, init_state, iterate, readout) over new tokens at position
     self.pos, with left padding: row b has pads[b] pad tokens first, its real positions start at 0
     and no real token attends to a pad. cache=None recomputes (the caller passes the whole sequence)."""
 
@@ -140,7 +140,7 @@ class Decoder:
         rope, mask = m.rope(pos_ids), self._mask(T)
         if cache is not None:
             cache.start(self.pos, T, r)
-        e = m.embed(idx, rope, mask, cache)  # (B, T, h)
+        e = m.run_prelude(idx, rope, mask, cache)  # (B, T, h)
         if self.warm_start and self.warm is not None and T == 1:
             s = self.warm  # continuous CoT: start where the last token ended
         else:
@@ -149,13 +149,13 @@ class Decoder:
         rule, logits = (self.exit_rule if adaptive else None), None
         if rule is None:
             for i in range(r):
-                s = m.core_step(s, e, rope, i, mask, cache)
+                s = m.iterate(s, e, rope, i, mask, cache)
         else:
             rule.reset()
             active = torch.ones(B, dtype=torch.bool, device=idx.device)
             for i in range(r):
                 cache.active = active
-                s_new = m.core_step(s, e, rope, i, mask, cache)
+                s_new = m.iterate(s, e, rope, i, mask, cache)
                 s_new = torch.where(active.view(-1, 1, 1), s_new, s)  # exited rows stay put
                 logits = m.readout(s_new, rope, mask, cache) if rule.needs_readout else None
                 done = rule.converged(i, s, s_new, logits) & active
@@ -358,14 +358,6 @@ def _speculative(model, prompt, r, draft_r, draft_k, max_new_tokens, eos, kv_bud
 # command line
 
 
-def str2bool(s):
-    if s.lower() in ("1", "true", "yes", "on"):
-        return True
-    if s.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
-
-
 def parse_args(argv=None):
     p = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
     flag = dict(type=str2bool, nargs="?", const=True, default=False)
@@ -427,9 +419,9 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     print("config: " + " ".join(f"{k}={v}" for k, v in vars(args).items()), file=sys.stderr)
-    from hub import CheckpointError
+    from plumbing.hub import CheckpointError
     from surgery import SurgeryError, load_model
-    from tokenizer import load_tokenizer
+    from plumbing.tokenizer import load_tokenizer
 
     try:
         prompts = read_prompts(args) * args.num_samples

@@ -24,9 +24,9 @@ import sys
 
 import torch
 
-import checkpoint
-from cli import Parser, int_list
-from hub import CheckpointError, checkpoint_revision, resolve_checkpoint
+from plumbing import checkpoint
+from plumbing.cli import Parser, int_list
+from plumbing.hub import CheckpointError, checkpoint_revision, resolve_checkpoint
 from model import RecurrentConfig, RecurrentGPT
 
 TOLERANCE = 1e-4  # max abs logit difference allowed by the self-check (fp32)
@@ -256,7 +256,7 @@ def self_check(model, n_tokens=32, r_values=(1, 4)):
 
 def write_checkpoint(model, src, out_dir):
     """Weights + config.json + the parent's tokenizer files, so every script can load out_dir."""
-    from tokenizer import save_tokenizer_files
+    from plumbing.tokenizer import save_tokenizer_files
 
     model.save_pretrained(out_dir)
     save_tokenizer_files(src, out_dir)
@@ -300,7 +300,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         if args.export_raven:
-            from raven import export_raven
+            from plumbing.raven import export_raven
 
             export_raven(*args.export_raven)
             print(f"wrote {args.export_raven[1]} (raven format)")

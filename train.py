@@ -30,7 +30,6 @@ import contextlib
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
@@ -38,8 +37,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import checkpoint
-from cli import at_least, int_list, ready_out_dir
+from plumbing import checkpoint
+from plumbing.cli import at_least, git_commit, int_list, ready_out_dir, str2bool
 from model import IGNORE_INDEX, RecurrentConfig, RecurrentGPT
 from muon import Muon
 
@@ -118,16 +117,6 @@ RESUME_MAY_CHANGE = ("config", "resume", "out_dir", "max_iters", "eval_interval"
 
 class TrainError(Exception):
     """An expected failure (bad flag, missing data, mismatched tokenizer): printed as one line."""
-
-
-def str2bool(v):
-    if isinstance(v, bool):
-        return v
-    if v.lower() in ("1", "true", "yes", "on"):
-        return True
-    if v.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean, got {v!r}")
 
 
 CHOICES = {"optimizer": ("muon", "adamw"), "curriculum": ("constant", "linear", "1-sqrt"), "freeze": ("none", "base"),
@@ -284,17 +273,17 @@ class LoopLoss(torch.nn.Module):
 
     def forward(self, x, y, num_steps, steps=None, w=0.0, seeds=None):
         m = self.model
-        n, k = m.split_steps(num_steps)
+        n, k = m.split_loops(num_steps)
         rope = m.rope(torch.arange(x.shape[1], device=x.device))
-        e = m.embed(x, rope)
+        e = m.run_prelude(x, rope)
         s = m.init_state(e, seeds=seeds)  # seeds (B,): this micro-batch's rows of state_seeds
         with torch.no_grad():
             for i in range(n):
-                s = m.core_step(s, e, rope, i)
+                s = m.iterate(s, e, rope, i)
         labeled = y != IGNORE_INDEX  # (B, T)
         per_loop = []
         for i in range(n, n + k):
-            s = m.core_step(s, e, rope, i)
+            s = m.iterate(s, e, rope, i)
             if i < n + k - 1 and steps is not None and w > 0:
                 yi = y.masked_fill(steps > i + 1, IGNORE_INDEX)[labeled]  # labels reachable in i + 1 loops
                 ce = F.cross_entropy(m.readout(s, rope, positions=labeled), yi, ignore_index=IGNORE_INDEX,
@@ -394,7 +383,7 @@ def build_model(args, meta, ckpt_dir=None):
         return model, (tok_dir if has_tok else None), fp
     if args.resume:
         raise TrainError(f"--resume: {args.out_dir} has no checkpoint (model.safetensors + config.json)")
-    import hub
+    from plumbing import hub
     import surgery
 
     try:
@@ -508,14 +497,6 @@ def on_disk(out_dir):
         f"{out_dir} holds no checkpoint"
 
 
-def git_commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
-    except OSError:
-        return None
-
-
 # -----------------------------------------------------------------------------
 
 
@@ -565,7 +546,7 @@ def train(args):
     model, tok_src, ckpt_fp = build_model(args, meta, ckpt_dir)
     if tok_src is not None:
         from data.common import check_tokenizer
-        from tokenizer import load_tokenizer
+        from plumbing.tokenizer import load_tokenizer
 
         try:
             check_tokenizer(meta, load_tokenizer(tok_src).fingerprint, data_dir=args.data, model_tokenizer=tok_src)
@@ -606,7 +587,7 @@ def train(args):
     grad_accum = total // (micro_tokens * world)
     eval_r = int_list(args.eval_r, "--eval_r") if model.config.recurrent else [1]
     trainable = [p for p in model.parameters() if p.requires_grad]
-    run_info = {"git": git_commit(), "torch": torch.__version__, "world_size": world, "grad_accum": grad_accum,
+    run_info = {"git": git_commit(short=True), "torch": torch.__version__, "world_size": world, "grad_accum": grad_accum,
                 "tokens_per_step": total, "device": str(device), "params": model.param_counts(),
                 "optimizer_split": {k: len(v) for k, v in split.items()}}
     if master:
@@ -614,7 +595,7 @@ def train(args):
         print("run:", json.dumps(run_info))
         os.makedirs(args.out_dir, exist_ok=True)
         if tok_src is not None and os.path.abspath(tok_src) != os.path.abspath(args.out_dir):
-            from tokenizer import save_tokenizer_files
+            from plumbing.tokenizer import save_tokenizer_files
 
             save_tokenizer_files(tok_src, args.out_dir)  # so the checkpoint dir works as --init for every script
         if args.resume:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from kv_cache import KVCache  # noqa: E402
+from plumbing.kv_cache import KVCache  # noqa: E402
 from sample import EXIT_THRESHOLDS, Decoder, ExitRule, generate  # noqa: E402
 
 PROMPT = "Write a short story about a robot who learns to paint."
@@ -53,7 +53,7 @@ def decode_rate(run, n_new, repeats):
 def section_hf(args, tok, ids):
     from transformers import AutoModelForCausalLM
 
-    from hub import resolve_checkpoint
+    from plumbing.hub import resolve_checkpoint
     from surgery import load_model
 
     gguf = resolve_checkpoint("smollm2")
@@ -226,8 +226,8 @@ def main(argv=None):
     log("config: " + " ".join(f"{k}={v}" for k, v in vars(args).items()) + f" torch={torch.__version__}")
     ids = None
     if sections & {1, 2, 4}:
-        from hub import resolve_checkpoint
-        from tokenizer import load_tokenizer
+        from plumbing.hub import resolve_checkpoint
+        from plumbing.tokenizer import load_tokenizer
 
         tok = load_tokenizer(resolve_checkpoint("smollm2"))
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]))

@@ -98,7 +98,7 @@ class OsProxy:
 
 def install(ops):
     """Route checkpoint.py's os.* and open() through ops during every checkpoint.save."""
-    import checkpoint
+    from plumbing import checkpoint
 
     real_save = checkpoint.save
 
@@ -192,7 +192,7 @@ def count_ops(data_dir, work, args=TINY):
 def kill_and_resume(data_dir, work, save, op, args=TINY):
     """Kill a run right after operation `op` of save `save`, finish it, compare with work/ref. Returns
     None when all is equal, else what differs."""
-    import checkpoint
+    from plumbing import checkpoint
     import torch
 
     out = Path(work) / f"save{save}_op{op}"

@@ -239,10 +239,10 @@ def add_repo_root_to_path():
 def get_tokenizer(spec):
     """A checkpoint dir, a .gguf file, a hub id or a short name (smollm2, ...) -> tokenizer."""
     add_repo_root_to_path()
-    from tokenizer import load_tokenizer
+    from plumbing.tokenizer import load_tokenizer
     path = spec
     if not Path(spec).exists():  # a name: resolve it (local dirs and .gguf files need no hub.py)
-        from hub import CheckpointError, resolve_checkpoint
+        from plumbing.hub import CheckpointError, resolve_checkpoint
         try:
             path = resolve_checkpoint(spec)
         except CheckpointError as e:
@@ -257,7 +257,7 @@ def separator(tok):
     """(kind, id): how documents are delimited, the way the parent saw them in pretraining
     (tokenizer.document_separator explains the rule)."""
     add_repo_root_to_path()
-    from tokenizer import document_separator
+    from plumbing.tokenizer import document_separator
 
     sep = document_separator(tok)
     if sep is None:

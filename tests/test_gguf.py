@@ -48,7 +48,7 @@ def test_gguf_equals_transformers(models):
 @pytest.mark.slow
 @torch.no_grad()
 def test_gguf_loss_on_text(models):
-    from tokenizer import load_tokenizer
+    from plumbing.tokenizer import load_tokenizer
 
     hf, ours = models
     ids = torch.tensor([load_tokenizer(os.path.join(GGUF_DIR, GGUF_NAME)).encode(TEXT)])

@@ -15,8 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import hub  # noqa: E402
-from hub import SHORT_NAMES, CheckpointError, checkpoint_revision, resolve_checkpoint  # noqa: E402
+from plumbing import hub  # noqa: E402
+from plumbing.hub import SHORT_NAMES, CheckpointError, checkpoint_revision, resolve_checkpoint  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -151,13 +151,13 @@ def test_hub_failures_map_to_one_line(monkeypatch, error, expected):
 
 def test_cli_prints_path_or_one_line_error(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"))
-    bad = subprocess.run([sys.executable, str(ROOT / "hub.py"), "some-org/not-cached"], env=env,
+    bad = subprocess.run([sys.executable, "-m", "plumbing.hub", "some-org/not-cached"], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and bad.stdout == ""
     assert bad.stderr.strip().startswith("error:") and len(bad.stderr.strip().splitlines()) == 1
     d = tmp_path / "ckpt"
     d.mkdir()
     (d / "config.json").write_text("{}")
-    ok = subprocess.run([sys.executable, str(ROOT / "hub.py"), str(d)], env=env, capture_output=True, text=True,
+    ok = subprocess.run([sys.executable, "-m", "plumbing.hub", str(d)], env=env, cwd=ROOT, capture_output=True, text=True,
                         timeout=60)
     assert ok.returncode == 0 and ok.stdout.strip() == str(d.resolve())

@@ -35,10 +35,10 @@ def test_truncated_backprop_matches_hand_unrolled():
     # by hand: run all n + k iterations with grad, but cut the graph after the first n
     model.zero_grad()
     rope = model.rope(torch.arange(12))
-    e = model.embed(idx, rope)
+    e = model.run_prelude(idx, rope)
     s = torch.zeros_like(e)
     for i in range(n + k):
-        s = model.core_step(s.detach() if i == n else s, e, rope, i)
+        s = model.iterate(s.detach() if i == n else s, e, rope, i)
     logits = model.readout(s, rope)
     torch.nn.functional.cross_entropy(logits.view(-1, 64), tgt.view(-1)).backward()
     hand = grads(model)

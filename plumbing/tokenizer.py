@@ -10,7 +10,7 @@ the tokenizer.json description. TinyLlama (the Llama-2 vocabulary) is SentencePi
 tiktoken cannot express: that family alone goes through the sentencepiece package.
 
 Usage:
-    from tokenizer import load_tokenizer, save_tokenizer_files
+    from plumbing.tokenizer import load_tokenizer, save_tokenizer_files
     tok = load_tokenizer("path/to/checkpoint_dir_or_model.gguf")
     ids = tok.encode("Hello world")            # never adds BOS; special-token strings in text become special ids
     text = tok.decode(ids)
@@ -18,7 +18,7 @@ Usage:
     save_tokenizer_files(src, out_dir)         # hub dir -> copies files; .gguf -> writes tokenizer.json & co
 
 CPU one-liner (prints ids for a string with the offline SmolLM2 tokenizer):
-    python tokenizer.py --path=$(python hub.py smollm2) --text="Hello world 123"
+    python tokenizer.py --path=$(python -m plumbing.hub smollm2) --text="Hello world 123"
 Tests: python -m pytest -q tests/test_tokenizer.py
 """
 

@@ -17,8 +17,8 @@ The variant is told by the tensors (norm_3 present = Huginn), never by `block_cl
 "SandwichBlock" in both. Everything is mapped explicitly by the tables below; what RecurrentGPT cannot
 express is refused with one line (RavenError), never approximated.
 
-    python raven.py --load ../shared/fixtures/huginn_tiny          # print the mapped config
-    python raven.py --export out/smollm2 out/smollm2-raven         # same as surgery.py --export-raven
+    python -m plumbing.raven --load ../shared/fixtures/huginn_tiny          # print the mapped config
+    python -m plumbing.raven --export out/smollm2 out/smollm2-raven         # same as surgery.py --export-raven
     python -m pytest -q tests/test_raven.py
 
 An exported directory holds model.safetensors, config.json and the tokenizer files; to load it with
@@ -36,7 +36,7 @@ import sys
 import torch
 
 from model import RecurrentConfig, RecurrentGPT, write_json_atomic
-from tokenizer import TOKENIZER_FILES
+from plumbing.tokenizer import TOKENIZER_FILES
 
 
 class RavenError(ValueError):

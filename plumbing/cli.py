@@ -5,7 +5,7 @@ checked before long work starts, and failures as one line that names the problem
 train.py, eval_math.py, analyze.py, sample.py and surgery.py call these and print the ValueError's
 message as their own one-line error (exit code 1), never a traceback:
 
-    from cli import Parser, int_list, at_least, ready_out_dir, os_error
+    from plumbing.cli import Parser, int_list, at_least, ready_out_dir, os_error
     p = Parser(description=...)                        # argparse, but a bad flag is one line, not the usage
     shape = int_list(args.shape, "--shape", n=3)       # "6,8,6" -> [6, 8, 6]
     at_least(args, 1, "max_new_tokens", "batch_size")  # "--batch_size 0 must be >= 1"
@@ -17,7 +17,10 @@ message as their own one-line error (exit code 1), never a traceback:
 import argparse
 import errno
 import os
+import subprocess
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class Parser(argparse.ArgumentParser):
@@ -25,6 +28,26 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def str2bool(text):
+    """--flag true|false (also 1/0, yes/no, on/off) as an argparse type."""
+    if isinstance(text, bool):
+        return text
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def git_commit(short=False):
+    """The repository's HEAD commit (recorded with every run and evaluation), or None outside git."""
+    try:
+        cmd = ["git", "rev-parse", *(["--short"] if short else []), "HEAD"]
+        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True).stdout.strip() or None
+    except OSError:
+        return None
 
 
 def int_list(text, flag, n=None, minimum=1):
