@@ -181,7 +181,7 @@ class RecurrentConfig:
     attn_bias: bool = False  # q/k/v bias (Qwen2.5)
     qk_norm: bool = False  # RMSNorm over the full q and k projections (OLMo-2)
     tie_embeddings: bool = True
-    embed_scale: float = 1.0  # Huginn multiplies the embedding by sqrt(h)
+    embed_scale: float = 1.0  # Huginn multiplies the embedding, and s_0, by sqrt(h)
     bos_id: int | None = None
     eos_id: int | None = None
     # the cut
@@ -192,8 +192,6 @@ class RecurrentConfig:
     adapter_init: str = "identity"  # identity [0 | I] | sum (1/sqrt2)[I | I] | random (PyTorch default)
     state_init: str = "normal"  # normal (truncated at 3 std) | zero | embed (s_0 = e)
     state_std: float | None = None  # None: sqrt(2 / (5 h)) as in Huginn
-    state_scale: float = 1.0  # Huginn multiplies s_0 by its embedding scale
-    iter_norm: bool = False  # an extra RMSNorm on the state after every iteration
     norm_before_coda: bool = False  # Huginn applies the final norm to s_r before the coda, and again after it
     mean_recurrence: int = 4  # r used when num_steps is None
     # provenance, written by surgery.py / train.py
@@ -221,8 +219,6 @@ class RecurrentGPT(nn.Module):
         self.coda = nn.ModuleList(Block(c) for _ in range(c.n_coda))
         if c.recurrent:
             self.adapter = nn.Linear(2 * c.n_embd, c.n_embd, bias=False)  # acts on cat[s, e], state first
-        if c.iter_norm:
-            self.iter_norm = RMSNorm(c.n_embd, c.norm_eps)
         self.norm = RMSNorm(c.n_embd, c.norm_eps)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         if c.tie_embeddings:
@@ -288,15 +284,13 @@ class RecurrentGPT(nn.Module):
         else:
             for b, seed in enumerate(seeds.tolist()):
                 draw(s[b], torch.Generator(e.device).manual_seed(seed))
-        return (s * c.state_scale).to(e.dtype)
+        return (s * c.embed_scale).to(e.dtype)
 
     def iterate(self, s, e, rope, i, mask=None, cache=None):
         """Loop i (0-based) of the recurrence: s_{i+1} = R(adapter(cat[s_i, e]))."""
         x = self.adapter(torch.cat([s, e], dim=-1)) if self.config.recurrent else e  # (B, T, h)
         for j, block in enumerate(self.core):
             x = block(x, rope, mask, cache, ("core", j, i))
-        if self.config.iter_norm:
-            x = self.iter_norm(x)
         return x
 
     def readout(self, s, rope, mask=None, cache=None, positions=None):
@@ -350,7 +344,7 @@ class RecurrentGPT(nn.Module):
             "adapter": self.adapter.weight.numel() if self.config.recurrent else 0,
             "embeddings": self.embed_tokens.weight.numel()
             + (0 if self.config.tie_embeddings else self.lm_head.weight.numel()),
-            "norm": sum(p.numel() for n, p in self.named_parameters() if n.startswith(("norm.", "iter_norm."))),
+            "norm": sum(p.numel() for n, p in self.named_parameters() if n.startswith("norm.")),
         }
         counts["total"] = sum(p.numel() for p in self.parameters())
         return counts
@@ -414,8 +408,8 @@ class RecurrentGPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, device="cpu", **overrides):
-        """Load a directory written by surgery.py or train.py (or a published raven checkpoint).
-        Keyword overrides replace config fields, e.g. state_init="zero"."""
+        """Load a directory written by surgery.py or train.py. Keyword overrides replace config fields,
+        e.g. state_init="zero". Other formats (raven checkpoints, parents) load with surgery.load_model."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -424,10 +418,9 @@ class RecurrentGPT(nn.Module):
             raise FileNotFoundError(f"{path} has no config.json: pass a directory written by surgery.py or train.py")
         with open(cfg_path) as f:
             cfg = json.load(f)
-        if cfg.get("model_type") == "huginn_raven":
-            from plumbing.raven import load_raven
-
-            return load_raven(path, device=device, **overrides)
+        if cfg.get("model_type") != "nanorecur":
+            raise ValueError(f"{path} is a {cfg.get('model_type')!r} checkpoint, not one of ours: load it with "
+                             "surgery.load_model (every script's --init does)")
         config = config_from_dict(cfg, **overrides)
         try:
             sd = load_file(os.path.join(path, "model.safetensors"))
@@ -440,9 +433,14 @@ class RecurrentGPT(nn.Module):
 
 
 def config_from_dict(cfg, **overrides):
-    """RecurrentConfig from a config.json dict; keys that are not config fields are an error."""
+    """RecurrentConfig from a config.json dict; keys that are not config fields are an error, except two
+    that older saves carry at the values that made them no-ops (state_scale = embed_scale, no iter_norm)."""
     names = {f.name for f in fields(RecurrentConfig)}
     cfg = {k: v for k, v in {**cfg, **overrides}.items() if k not in ("model_type", "train")}
+    if cfg.get("iter_norm") is False:
+        del cfg["iter_norm"]
+    if "state_scale" in cfg and math.isclose(cfg["state_scale"], cfg.get("embed_scale", 1.0)):
+        del cfg["state_scale"]
     unknown = sorted(set(cfg) - names)
     if unknown:
         raise ValueError(f"unknown config keys {unknown}: this config.json was not written by nanorecur")

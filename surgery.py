@@ -266,13 +266,16 @@ def load_model(init, device="cpu", **overrides):
     """What every script's --init goes through: our checkpoint dir, a raven checkpoint (dir or hub id),
     or a parent retrofitted with all its layers and the identity adapter (equal to the parent at any r).
     Returns (model, path for load_tokenizer)."""
-    if os.path.isfile(os.path.join(init, "config.json")) and os.path.isfile(os.path.join(init, "model.safetensors")):
-        return RecurrentGPT.from_pretrained(init, device=device, **overrides), init
-    src = resolve_checkpoint(init)
+    src = init if os.path.isfile(os.path.join(init, "config.json")) else resolve_checkpoint(init)
     if os.path.isdir(src):
         with open(os.path.join(src, "config.json")) as f:
-            if json.load(f).get("model_type") in ("huginn_raven", "nanorecur"):
-                return RecurrentGPT.from_pretrained(src, device=device, **overrides), src
+            model_type = json.load(f).get("model_type")
+        if model_type == "nanorecur":
+            return RecurrentGPT.from_pretrained(src, device=device, **overrides), src
+        if model_type == "huginn_raven":
+            from plumbing.raven import load_raven
+
+            return load_raven(src, device=device, **overrides), src
     model, src = retrofit(src, shape=None, **overrides)
     return model.to(device), src
 

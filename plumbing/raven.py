@@ -56,7 +56,7 @@ class RavenError(ValueError):
 #   qk_bias                                  -> attn_bias (q and k bias, v bias held at zero)
 #   H: rope_base    L: rope_theta            -> rope_theta   (L never reads rope_base: ~1e-3 if confused)
 #   H: none         L: rope_scaling (llama3) -> rope_scaling
-#   H: sqrt(n_embd) L: init_values.embed_scale -> embed_scale and state_scale (s_0 is multiplied by it too)
+#   H: sqrt(n_embd) L: init_values.embed_scale -> embed_scale (s_0 is multiplied by it too)
 #   init_values.std                          -> state_std; std == 0 -> state_init "zero" (the code zeroes s_0)
 #   H: True         L: False                 -> norm_before_coda (ln_f on s_r before the coda)
 #   H: block_size   L: max_position_embeddings -> block_size
@@ -152,7 +152,7 @@ def config_from_raven(cfg, variant, source=None, **overrides):
         n_prelude=need("n_layers_in_prelude"), n_core=need("n_layers_in_recurrent_block"),
         n_coda=need("n_layers_in_coda"), mean_recurrence=need("mean_recurrence"),
         tie_embeddings=need("tie_embeddings"), attn_bias=need("qk_bias"), qk_norm=False,
-        recurrent=True, adapter_init="random", iter_norm=False,
+        recurrent=True, adapter_init="random",
         state_init="zero" if std == 0 else "normal", state_std=std,
         bos_id=cfg.get("bos_token_id") if isinstance(cfg.get("bos_token_id"), int) else None,
         eos_id=cfg.get("eos_token_id") if isinstance(cfg.get("eos_token_id"), int) else None,
@@ -173,7 +173,7 @@ def config_from_raven(cfg, variant, source=None, **overrides):
         variant_fields = dict(block_type="prenorm", rope_theta=float(cfg["rope_theta"]), rope_scaling=rs or None,
                               norm_before_coda=False,
                               block_size=cfg.get("max_position_embeddings", cfg.get("block_size", 2048)))
-    fields = {**common, **variant_fields, "embed_scale": scale, "state_scale": scale,
+    fields = {**common, **variant_fields, "embed_scale": scale,
               "parent": {"format": "raven", "variant": variant, "source": source}}
     names = set(RecurrentConfig.__dataclass_fields__)
     unknown = sorted(set(overrides) - names)
@@ -272,14 +272,10 @@ def check_exportable(c):
         raise RavenError("cannot export: OLMo-2 blocks (qk_norm, norm on the branch output) have no raven variant")
     if not c.recurrent:
         raise RavenError("cannot export: a static-depth model has no adapter, the raven format needs a recurrent core")
-    if c.iter_norm:
-        raise RavenError("cannot export: iter_norm (a norm after every iteration) has no raven equivalent")
     if c.n_head * c.head_dim != c.n_embd:
         raise RavenError(f"cannot export: n_head*head_dim={c.n_head * c.head_dim} != n_embd={c.n_embd} (raven derives head_dim)")
     if c.state_init == "embed":
         raise RavenError("cannot export: state_init='embed' (s_0 = e) has no raven equivalent (normal or zero only)")
-    if not math.isclose(c.state_scale, c.embed_scale, rel_tol=1e-6):
-        raise RavenError(f"cannot export: state_scale={c.state_scale} != embed_scale={c.embed_scale} (raven has one scale for both)")
     if c.block_type == "sandwich":
         if c.n_kv_head != c.n_head:
             raise RavenError(f"cannot export: GQA (n_kv_head={c.n_kv_head} != n_head={c.n_head}) in a sandwich model; Huginn's attention has no GQA")
@@ -396,7 +392,9 @@ def export_raven(model_dir, out_dir):
     if os.path.abspath(model_dir) == os.path.abspath(out_dir):
         raise RavenError("export_raven: out_dir must differ from model_dir")
     try:
-        model = RecurrentGPT.from_pretrained(model_dir)
+        with open(os.path.join(model_dir, "config.json")) as f:
+            raven = json.load(f).get("model_type") == "huginn_raven"
+        model = load_raven(model_dir) if raven else RecurrentGPT.from_pretrained(model_dir)
     except (FileNotFoundError, ValueError) as err:
         raise RavenError(str(err).splitlines()[0]) from None
     variant = save_raven(model, out_dir)

@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from model import RecurrentConfig, RecurrentGPT
 from plumbing.raven import RavenError, export_raven, load_raven
+from surgery import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
@@ -35,7 +36,7 @@ torch.set_num_threads(2)
 @pytest.fixture(scope="module", params=NAMES)
 def fixture(request):
     path = FIXTURES / request.param
-    model = RecurrentGPT.from_pretrained(str(path), state_init="zero").eval()
+    model = load_model(str(path), state_init="zero")[0].eval()
     return request.param, path, model, load_file(str(path / "io.safetensors"))
 
 
@@ -74,12 +75,12 @@ def test_fixture_config_mapping(fixture):
     c, cfg = model.config, json.loads((path / "config.json").read_text())
     assert c.state_std == cfg["init_values"]["std"] and c.mean_recurrence == cfg["mean_recurrence"] == 32
     if name == "huginn_tiny":
-        assert (c.block_type, c.rope_theta, c.embed_scale, c.state_scale) == ("sandwich", 50000.0, 8.0, 8.0)
+        assert (c.block_type, c.rope_theta, c.embed_scale) == ("sandwich", 50000.0, 8.0)
         assert c.norm_before_coda and c.attn_bias and c.tie_embeddings and c.norm_eps == 1e-6
         assert torch.equal(model.coda[0].self_attn.v_proj.bias, torch.zeros(64))  # qk_bias has no v part
         assert model.lm_head.weight is model.embed_tokens.weight  # still one tensor when training
     else:  # rope_theta (10000), never the stale rope_base (500000); embed scale from init_values (1.0)
-        assert (c.block_type, c.rope_theta, c.embed_scale, c.state_scale) == ("prenorm", 10000.0, 1.0, 1.0)
+        assert (c.block_type, c.rope_theta, c.embed_scale) == ("prenorm", 10000.0, 1.0)
         assert not c.norm_before_coda and not c.attn_bias and not c.tie_embeddings
         assert (c.n_head, c.n_kv_head, c.norm_eps) == (4, 2, 1e-5)
 
@@ -117,7 +118,7 @@ def test_state_init_matches_reference_distribution(name):
 def random_model(kind, **overrides):
     """A tiny random model of one raven variant, every tensor perturbed so each one moves the logits."""
     if kind == "sandwich":  # Huginn's conventions: sqrt(h) scale, ln_f before the coda, q/k bias, tied
-        kw = dict(block_type="sandwich", n_kv_head=4, attn_bias=True, embed_scale=8.0, state_scale=8.0,
+        kw = dict(block_type="sandwich", n_kv_head=4, attn_bias=True, embed_scale=8.0,
                   norm_before_coda=True, rope_theta=50000.0, norm_eps=1e-6, tie_embeddings=True)
     else:  # retrofit Llama-3.2: GQA, llama3 rope scaling, untied head
         kw = dict(block_type="prenorm", n_kv_head=2, rope_scaling=LLAMA3_ROPE, tie_embeddings=False)
@@ -147,7 +148,7 @@ def test_export_import_roundtrip_of_our_models(kind, fixture_name, tmp_path):
     assert set(cfg) == set(ref_cfg) | ({"rope_scaling"} if kind == "prenorm" else set())
     if kind == "sandwich":  # the derived RoPE table, bit for bit as Huginn's code builds it
         assert torch.equal(ours["freqs_cis"], ref["freqs_cis"])
-    back = RecurrentGPT.from_pretrained(str(tmp_path / "raven")).eval()
+    back = load_model(str(tmp_path / "raven"))[0].eval()
     assert back.config.state_std == 0.05 and back.config.state_init == "normal"
     assert back.config.rope_scaling == model.config.rope_scaling
     sd, sd_back = model.state_dict(), back.state_dict()
@@ -170,7 +171,7 @@ def test_fixture_import_export_import(name, tmp_path):
         for d in (cfg, ref_cfg):
             d.pop("rope_base"), d.pop("effective_expected_depth"), d["init_values"].pop("embedding"), d["init_values"].pop("out_proj")
     assert cfg == ref_cfg
-    model = RecurrentGPT.from_pretrained(str(tmp_path), state_init="zero").eval()
+    model = load_model(str(tmp_path), state_init="zero")[0].eval()
     io = load_file(str(FIXTURES / name / "io.safetensors"))
     for r in (1, 2, 4, 8):
         assert (logits_at(model, io["input_ids"], r) - io[f"logits_r{r}"]).abs().max() <= TOL
@@ -222,7 +223,7 @@ REFUSED = [  # (kind, overrides, words of the one-line error)
     ("prenorm", dict(block_type="olmo2", qk_norm=True), "OLMo-2"),
     ("sandwich", dict(n_kv_head=2), "GQA"),
     ("sandwich", dict(norm_before_coda=False), "norm_before_coda"),
-    ("sandwich", dict(embed_scale=1.0, state_scale=1.0), "sqrt(n_embd)"),
+    ("sandwich", dict(embed_scale=1.0), "sqrt(n_embd)"),
     ("prenorm", dict(recurrent=False), "static-depth"),
     ("prenorm", dict(state_init="embed"), "state_init='embed'"),
     ("prenorm", dict(n_kv_head=4, attn_bias=True), "v_proj.bias"),  # made nonzero below

@@ -12,7 +12,7 @@ from sample import EXIT_THRESHOLDS, Decoder, ExitRule, context_warning, filter_l
 TOL = 1e-5
 CONFIGS = {
     "llama_gqa": dict(n_head=4, n_kv_head=2),
-    "huginn_sandwich": dict(block_type="sandwich", iter_norm=True, norm_before_coda=True),
+    "huginn_sandwich": dict(block_type="sandwich", norm_before_coda=True),
     "olmo2_qknorm": dict(block_type="olmo2", qk_norm=True, attn_bias=True, n_prelude=2, n_coda=2),
 }
 
@@ -98,7 +98,7 @@ def test_batched_left_padding_equals_unbatched(name):
 
 @pytest.mark.parametrize("draft_r,draft_k", [(1, 3), (2, 2), (3, 4)])
 def test_self_speculative_equals_plain_greedy(draft_r, draft_k):
-    model, r = tiny(iter_norm=True), 4
+    model, r = tiny(block_type="sandwich", norm_before_coda=True), 4
     prompts = [[1, 2, 3], [7, 7, 40, 2, 11]]
     plain = generate(model, prompts, max_new_tokens=20, num_steps=r)
     stats = {}
@@ -108,7 +108,7 @@ def test_self_speculative_equals_plain_greedy(draft_r, draft_k):
 
 
 def test_self_speculative_stops_at_eos():
-    model = tiny(iter_norm=True)
+    model = tiny(block_type="sandwich", norm_before_coda=True)
     plain = generate(model, [[1, 2, 3]], max_new_tokens=20, num_steps=4)[0].tokens
     eos = plain[6]
     spec = generate(model, [[1, 2, 3]], max_new_tokens=20, num_steps=4, draft_r=2, eos_id=eos)[0].tokens

@@ -108,8 +108,7 @@ def test_wsd_schedule():
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_param_split_covers_every_parameter_once(tie):
-    cfg = RecurrentConfig(n_prelude=1, n_core=2, n_coda=1, attn_bias=True, qk_norm=True, tie_embeddings=tie,
-                          iter_norm=True)
+    cfg = RecurrentConfig(n_prelude=1, n_core=2, n_coda=1, attn_bias=True, qk_norm=True, tie_embeddings=tie)
     model = RecurrentGPT(cfg)
     args = train.parse_args([])
     opts, split = train.make_optimizers(model, args)
