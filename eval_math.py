@@ -2,18 +2,20 @@
 Accuracy against test-time recurrence: GSM8K, MATH, the synthetic depth task, and loss.
 
 The claim of retrofitted recurrence (McLeish et al. 2025, arXiv 2511.07384) is that a looped
-model turns more test-time iterations r into more accuracy: their GSM8K 1-shot chain-of-thought
-accuracy rises from r=1 to r~8-32 (shared/docs/reference.md section 1). This script sweeps r and
-reports accuracy (with standard error sqrt(p(1-p)/n)) against r and against inference FLOPs per
-token (model.inference_flops_per_token), so recurrent and static models compare at equal compute.
+model turns more test-time loops r into more accuracy: their GSM8K 1-shot chain-of-thought
+accuracy rises from r=1 to r~8-32. This script sweeps r and reports accuracy (with standard error
+sqrt(p(1-p)/n)) against r and against inference FLOPs per token (model.inference_flops_per_token),
+so recurrent and static models compare at equal compute.
 - gsm8k: "Q: ...\\nA: Let's think step by step." with n train exemplars, greedy; lm-eval's strict
   ("#### N") and flexible (last number) extraction, exact match after removing "$", "," and a final ".".
 - math:  the Minerva 4-shot prompt (Lewkowycz et al. 2022, arXiv 2206.14858), \\boxed{} answers,
-  graded by math_grader.py (normalization plus a sympy check).
+  graded by plumbing/math_grader.py (normalization plus a sympy check).
 - depth: the S3 running product of data/depth: accuracy by (steps k, r), k up to beyond the trained depth.
 - loss:  mean cross-entropy of fixed, seeded batches of a prepared .bin set at each r.
+Problems come from a local jsonl (--data) or the hub, and .bin sets from data/<set>/prepare.py, both
+through plumbing/eval_data.py.
 
-    python eval_math.py --init out/smollm2 --task gsm8k --data ../shared/data/gsm8k --limit 20 --r 1,4   # CPU
+    python eval_math.py --init out/smollm2 --task gsm8k --data DIR --limit 20 --r 1,4   # CPU; DIR holds test.jsonl, train.jsonl
     python eval_math.py --init out/ckpt --task math --r 1,2,4,8,16,32
     python eval_math.py --init out/depth --task depth --data data/depth --r 1,2,4,8,16,32
     python eval_math.py --init out/ckpt --task loss --data data/sotu --r 1,2,4,8
@@ -34,17 +36,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from model import IGNORE_INDEX
 from plumbing.cli import THREADS_HELP, Parser, at_least, default_threads, git_commit, int_list, os_error, ready_out_dir
-from sample import EXIT_THRESHOLDS
+from plumbing.eval_data import EvalError, load_bin, load_problems
+from plumbing.math_grader import MINERVA_SHOTS, extract_boxed, extract_math, grade_math
 from plumbing.tokenizer import prompt_ids, stop_ids
-
-from plumbing.math_grader import MINERVA_SHOTS, extract_boxed, extract_math, grade_math  # noqa: F401 (interface)
+from sample import EXIT_THRESHOLDS
 
 REPO = Path(__file__).resolve().parent
-
-
-class EvalError(Exception):
-    """An expected failure (bad input, missing file, hub offline): printed as one line, no traceback."""
 
 
 def parse_args(argv=None):
@@ -89,7 +88,7 @@ def parse_args(argv=None):
 
 
 # -----------------------------------------------------------------------------
-# GSM8K answers (lm-eval's gsm8k-cot filters)
+# answers: GSM8K (lm-eval's gsm8k-cot filters); MATH is graded by plumbing/math_grader.py
 
 FLEX_RE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
 STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
@@ -119,77 +118,9 @@ def gsm8k_gold(answer):
     return clean_number(answer.split("####")[-1])
 
 
-# -----------------------------------------------------------------------------
-# data: local jsonl, or the Hugging Face hub
-
-
-ROW_KEYS = {"gsm8k": ("question", "answer"), "math": ("problem", "solution")}
-
-
-def checked_rows(numbered, keys, where):
-    """[(line or row number, row)] -> [row]; a one-line EvalError naming the file and line of bad JSON
-    (data.common.jsonl_rows) or of the first row without one of keys."""
-    from data.common import DataError
-    rows = []
-    try:
-        for n, row in numbered:
-            missing = [k for k in keys if not isinstance(row, dict) or k not in row]
-            if missing:
-                raise EvalError(f"{where}:{n}: the row has no {missing[0]!r} (rows need {' and '.join(keys)}): "
-                                "fix the row or pass another --data")
-            rows.append(row)
-    except (DataError, UnicodeDecodeError) as e:
-        raise EvalError(f"{e}: fix the file or pass another --data") from None
-    return rows
-
-
-def local_split(data, split, keys):
-    """A jsonl file (the test split; train.jsonl beside it) or a dir with {split}.jsonl."""
-    path = Path(data)
-    if path.is_dir():
-        path = path / f"{split}.jsonl"
-    elif split != "test":
-        path = path.with_name(f"{split}.jsonl")
-    if not path.is_file():
-        raise EvalError(f"{path} not found (--data takes a jsonl file or a dir with {split}.jsonl)")
-    from data.common import jsonl_rows
-    return checked_rows(jsonl_rows(path), keys, path)
-
-
-def hub_rows(repo_id, want, keys):
-    """Rows of the hub files whose names satisfy want(name): jsonl directly, parquet through pyarrow."""
-    from data.common import DataError, hub_download, hub_list_files, jsonl_rows, require_pyarrow
-    try:
-        files = [f for f in hub_list_files(repo_id, "", (".jsonl", ".parquet")) if want(f)]
-        if not files:
-            raise EvalError(f"no matching data files in {repo_id}")
-        rows = []
-        for name in files:
-            local = hub_download(repo_id, name)
-            numbered = jsonl_rows(local) if name.endswith(".jsonl") else \
-                enumerate(require_pyarrow().read_table(local).to_pylist(), 1)
-            rows += checked_rows(numbered, keys, f"{repo_id}/{name}")
-        return rows
-    except DataError as e:
-        raise EvalError(f"{e} (or pass --data PATH to a local jsonl)") from None
-
-
-def load_problems(args):
-    """(test rows, train rows for exemplars) with fields question/answer (gsm8k) or problem/solution/answer."""
-    keys = ROW_KEYS[args.task]
-    if args.task == "gsm8k":
-        get = (lambda s: local_split(args.data, s, keys)) if args.data else \
-            (lambda s: hub_rows("openai/gsm8k", lambda f: f.startswith(f"main/{s}-"), keys))
-        return get("test"), (get("train") if args.shots else [])
-    if args.data:
-        rows = local_split(args.data, "test", keys)
-    elif args.math_set == "math500":
-        rows = hub_rows("HuggingFaceH4/MATH-500", lambda f: f == "test.jsonl", keys)
-    else:
-        rows = hub_rows("EleutherAI/hendrycks_math", lambda f: "/test-" in f, keys)
-    for row in rows:
-        row.setdefault("answer", extract_boxed(row["solution"]))
-    return rows, []
+def math_gold(row):
+    """MATH's reference answer: the row's answer (MATH-500), else its solution's last \\boxed{}."""
+    return row["answer"] if "answer" in row else extract_boxed(row["solution"])
 
 
 # -----------------------------------------------------------------------------
@@ -236,27 +167,29 @@ def encode_prompt(tok, text):
 # generation with stop strings
 
 
-def accept(tok, done, new, stop_re, eos_ids):
-    """Add a chunk of generated tokens to a completion (done: the tokens kept so far).
+class StopStrings:
+    """generate()'s stop= callback for one batch, and the one place stop strings are searched: True once
+    row b's text (done[b], the tokens of earlier chunks, + its new tokens) contains a stop string.
+    generate() asks after every new token, so the row ends at the token that completes the stop string
+    (kept); text[b] is the completion cut before it."""
 
-    Ends at the first EOS (dropped) or at the token that completes a stop string (kept; the text is
-    cut before the stop string). Returns (tokens to keep, finished, text, tokens consumed)."""
-    cut = next((j for j, t in enumerate(new) if t in eos_ids), None)
-    kept = new if cut is None else new[:cut]
-    if stop_re.search(tok.decode(done + kept)):  # then find the first token at which it completes
-        for j in range(len(kept)):
-            m = stop_re.search(tok.decode(done + kept[:j + 1]))
-            if m:
-                return kept[:j + 1], True, tok.decode(done + kept[:j + 1])[:m.start()], j + 1
-    return kept, cut is not None, tok.decode(done + kept), len(kept) + (cut is not None)
+    def __init__(self, tok, stop_re, done):
+        self.tok, self.stop_re, self.done, self.text = tok, stop_re, done, {}
+
+    def __call__(self, b, new):
+        text = self.tok.decode(self.done[b] + new)
+        m = self.stop_re.search(text)
+        if m:
+            self.text[b] = text[:m.start()]
+        return m is not None
 
 
 def complete(model, tok, prompts, r, args, eos_ids, seed):
     """Greedy completions of a batch until a stop string, EOS or --max_new_tokens. generate() ends a row
-    once its text contains a stop string (its stop= callback); with --chunk the tokens come in chunks,
-    each re-reading prompt + tokens so far.
+    at EOS or at a stop string (StopStrings); with --chunk the tokens come in chunks, each re-reading
+    prompt + tokens so far.
 
-    Returns [(text, n_tokens, loops)], text cut before the stop string."""
+    Returns [(text, n_tokens, loops)]: text cut before the stop string, EOS dropped (its loops counted)."""
     from sample import generate
 
     gen, loops, text = [[] for _ in prompts], [0] * len(prompts), [None] * len(prompts)
@@ -265,16 +198,19 @@ def complete(model, tok, prompts, r, args, eos_ids, seed):
         active = [i for i in range(len(prompts)) if text[i] is None]
         if not active:
             break
+        stop = StopStrings(tok, STOP_RE[args.task], [gen[i] for i in active])
         outs = generate(model, [prompts[i] + gen[i] for i in active], max_new_tokens=min(chunk,
                         args.max_new_tokens - c), num_steps=r, temperature=0.0, eos_id=eos_ids or None,
                         seed=seed + c, exit_criterion=args.exit_criterion, exit_threshold=args.exit_threshold,
-                        stop=lambda b, toks: STOP_RE[args.task].search(tok.decode(gen[active[b]] + toks)) is not None)
-        for i, out in zip(active, outs):
-            kept, finished, txt, used = accept(tok, gen[i], list(out.tokens), STOP_RE[args.task], eos_ids)
-            gen[i] += kept
-            loops[i] += sum(out.loops[:used])
-            if finished or len(gen[i]) >= args.max_new_tokens or not out.tokens:
-                text[i] = txt
+                        stop=stop)
+        for b, (i, out) in enumerate(zip(active, outs)):
+            eos = out.tokens[-1] in eos_ids
+            gen[i] += out.tokens[:-1] if eos else out.tokens
+            loops[i] += sum(out.loops)
+            if b in stop.text:
+                text[i] = stop.text[b]
+            elif eos or len(gen[i]) >= args.max_new_tokens:
+                text[i] = tok.decode(gen[i])
     return [(text[i] if text[i] is not None else tok.decode(gen[i]), len(gen[i]), loops[i])
             for i in range(len(prompts))]
 
@@ -306,9 +242,9 @@ def run_generation(args, model, tok, problems):
                     rec.update(extracted=extract_gsm8k(completion), strict=extract_gsm8k_strict(completion), gold=gold)
                     rec.update(correct=rec["extracted"] == gold, strict_correct=rec["strict"] == gold)
                 else:
-                    rec.update(extracted=extract_math(completion), gold=row["answer"], level=row.get("level"),
+                    rec.update(extracted=extract_math(completion), gold=math_gold(row), level=row.get("level"),
                                subject=row.get("subject", row.get("type")))
-                    rec["correct"] = grade_math(rec["extracted"], row["answer"])
+                    rec["correct"] = grade_math(rec["extracted"], rec["gold"])
                 rec.update(tokens=ntok, loops=nloops, loops_per_token=nloops / max(ntok, 1))
                 records.append(rec)
         for rec in records[-len(rows):]:
@@ -318,24 +254,6 @@ def run_generation(args, model, tok, problems):
 
 # -----------------------------------------------------------------------------
 # depth task and loss
-
-
-def load_bin(args, model):
-    """(meta, ids, targets, steps) of --split in --data, checked against the model's vocabulary."""
-    from data.common import check_tokenizer, load_meta, open_split
-    if not args.data:
-        raise EvalError(f"--task {args.task} needs --data DIR (a dir written by data/<set>/prepare.py)")
-    try:
-        meta = load_meta(args.data)
-        if meta["vocab_size"] > model.config.vocab_size:
-            raise ValueError(f"data vocab {meta['vocab_size']} > model vocab {model.config.vocab_size}")
-        tok_path = Path(args.tok_path)
-        if tok_path.suffix == ".gguf" or any((tok_path / f).exists() for f in ("tokenizer.json", "tokenizer.model", "original")):
-            from plumbing.tokenizer import load_tokenizer  # text data: same tokenizer as the model, or the loss is noise
-            check_tokenizer(meta, load_tokenizer(args.tok_path).fingerprint, args.data, args.init)
-        return (meta,) + open_split(args.data, args.split, meta)
-    except (FileNotFoundError, ValueError) as e:
-        raise EvalError(str(e)) from None
 
 
 @torch.no_grad()
@@ -357,7 +275,7 @@ def run_depth(args, model):
             pred = model(x, num_steps=r)[0].argmax(-1).cpu().numpy()  # (B, T)
             tgt, stp = targets[b:b + args.batch_size], steps[b:b + args.batch_size]
             for k in range(len(x)):
-                lab = tgt[k] != -1
+                lab = tgt[k] != IGNORE_INDEX
                 order = np.argsort(stp[k][lab], kind="stable")
                 records.append({"index": b + k, "r": r, "k": int(stp[k].max()),
                                 "steps": stp[k][lab][order].tolist(),
@@ -387,9 +305,9 @@ def run_loss(args, model):
                           for s in row_starts]).astype(np.int64)
             logits = model(torch.from_numpy(x).to(args.device), num_steps=r)[0]
             ce = F.cross_entropy(logits.flatten(0, 1), torch.from_numpy(y).to(args.device).flatten(),
-                                 ignore_index=-1, reduction="sum").item()
-            records.append({"batch": b, "r": r, "loss_sum": ce, "tokens": int((y != -1).sum()),
-                            "loss": ce / max(int((y != -1).sum()), 1)})
+                                 ignore_index=IGNORE_INDEX, reduction="sum").item()
+            n = int((y != IGNORE_INDEX).sum())
+            records.append({"batch": b, "r": r, "loss_sum": ce, "tokens": n, "loss": ce / max(n, 1)})
     return records, meta
 
 

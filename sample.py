@@ -5,8 +5,8 @@ arXiv 2502.05171, §6; the model is McLeish et al. 2025, arXiv 2511.07384).
 Every generated token runs the prelude once, the recurrent core r times and the coda once, so a
 decode step costs P + r R + C layers. On top of plain sampling (temperature, top-k, top-p, stop at
 EOS, batched prompts with left padding):
-- a KV cache with one entry per (layer, iteration), prefill then one token per step (kv_cache.py);
-- KV-cache sharing: a budget of N slots per core layer, iteration i uses slot i mod N (--kv_budget);
+- a KV cache with one entry per (layer, loop), prefill then one token per step (plumbing/kv_cache.py);
+- KV-cache sharing: a budget of N slots per core layer, loop i uses slot i mod N (--kv_budget);
 - adaptive exit per token: stop looping once the state or the prediction stops moving (--exit):
   kl, entropy-diff, latent-diff, cosine or argmax, with Huginn's default thresholds; later tokens
   read an exited token's latest KV entry (policy in kv_cache.py). In a batch, a row that exited
@@ -14,6 +14,14 @@ EOS, batched prompts with left padding):
 - warm start ("continuous CoT"): the next token starts from the last token's final state;
 - self-speculative decoding: draft a few tokens with few loops, verify them in one pass at r loops
   and keep the agreeing prefix (--draft_r; greedy only).
+
+CachedForward.run is the one loop over the recurrent core besides model.forward. It drives the
+model's pieces (run_prelude, init_state, iterate, readout) itself because decoding needs three things
+one forward call does not do: write each new token's keys and values into the cache at its position,
+let each row of a batch exit the loop on its own (exited rows stop writing), and break out of the loop
+once every row has exited. Without a cache it is the plain forward pass, the reference the cache must
+match (tests/test_sample.py).
+
 Standard output carries only the generated text; the configuration and statistics go to stderr.
 
     python sample.py --init=out/smollm2 --r 4 --prompt "The capital of France is" --max_new_tokens 30
@@ -27,16 +35,16 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from plumbing.cli import THREADS_HELP, Parser, at_least, default_threads, str2bool
+from plumbing.kv_cache import KVCache, WriteRows
 from plumbing.tokenizer import prompt_ids, stop_ids
 
-from plumbing.kv_cache import KVCache
-
-# Huginn's defaults; argmax counts iterations, the rest are "value below threshold". The paper's
+# Huginn's defaults; argmax counts loops, the rest are "value below threshold". The paper's
 # figure uses 5e-4 for kl; its code defaults to 1e-3.
 EXIT_THRESHOLDS = {"kl": 1e-3, "entropy-diff": 1e-3, "latent-diff": 0.03, "cosine": 1e-3, "argmax": 5}
 
@@ -44,7 +52,58 @@ EXIT_THRESHOLDS = {"kl": 1e-3, "entropy-diff": 1e-3, "latent-diff": 0.03, "cosin
 @dataclass
 class Completion:
     tokens: list[int]  # the new tokens (the prompt left out), up to and including EOS
-    loops: list[int]  # core iterations spent on the forward pass that produced each token
+    loops: list[int]  # core loops spent on the forward pass that produced each token
+
+
+@dataclass
+class DecodeOptions:
+    """How generate() decodes: its keyword arguments (the defaults are here), checked, in one object
+    for the helpers."""
+    max_new_tokens: int
+    r: int  # core loops per token
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    eos: frozenset = frozenset()  # token ids that end a row
+    cache: bool = True  # False: recompute every position at fixed r (the reference for the cache)
+    kv_budget: int | None = None  # KV slots per core layer (loop i -> slot i mod N)
+    exit_criterion: str | None = None  # adaptive exit, a key of EXIT_THRESHOLDS
+    exit_threshold: float | None = None  # default: Huginn's for the criterion
+    exit_min_loops: int = 1  # never exit before this many loops
+    warm_start: bool = False  # s_0 of a token = the last token's final state
+    draft_r: int | None = None  # self-speculative decoding: draft with this many loops
+    draft_k: int = 4  # tokens drafted per verify pass
+    stop: Callable | None = None  # (row, new tokens so far) -> True ends the row as EOS would
+
+    def check(self, c, prompts):
+        """Every bad combination as one ValueError, before the model runs (c: the model's config)."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        bad = [t for p in prompts for t in p if not 0 <= t < c.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {c.vocab_size})")
+        if self.max_new_tokens < 1 or self.r < 1:
+            raise ValueError(f"max_new_tokens and num_steps must be >= 1, got {self.max_new_tokens} and {self.r}")
+        top_k, top_p = self.top_k, self.top_p
+        if self.temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
+            raise ValueError("need temperature >= 0, top_k >= 1 and 0 < top_p <= 1")
+        if self.kv_budget is not None and self.kv_budget < 1:
+            raise ValueError(f"kv_budget must be >= 1, got {self.kv_budget}")
+        if self.exit_criterion is not None and not c.recurrent:
+            raise ValueError("adaptive exit needs a recurrent model; this one has static depth")
+        if self.exit_min_loops < 1:
+            raise ValueError(f"exit_min_loops must be >= 1, got {self.exit_min_loops}")
+        if not self.cache and (self.kv_budget or self.exit_criterion or self.warm_start or self.draft_r):
+            raise ValueError("cache=False recomputes every position at fixed r: it cannot combine with "
+                             "kv_budget, exit, warm_start or draft_r")
+        if self.draft_r is not None:
+            if self.draft_r < 1 or self.draft_k < 1:
+                raise ValueError(f"draft_r and draft_k must be >= 1, got {self.draft_r} and {self.draft_k}")
+            if self.temperature != 0 or self.exit_criterion or self.warm_start:
+                raise ValueError("self-speculative decoding is greedy (temperature 0) and runs a fixed r: "
+                                 "it cannot combine with exit or warm_start")
+            if self.stop is not None:
+                raise ValueError("stop= is not supported with draft_r (self-speculative decoding)")
 
 
 # -----------------------------------------------------------------------------
@@ -52,40 +111,40 @@ class Completion:
 
 
 class ExitRule:
-    """Per-row convergence test between consecutive iterations (Huginn §6.1). Every criterion compares
-    iteration i's output with iteration i-1's, so the earliest exit is after 2 iterations (argmax:
-    after threshold + 1) and never before min_steps. kl, entropy-diff and argmax need a readout after
-    every iteration (only of the token being decoded)."""
+    """Per-row convergence test between consecutive loops (Huginn §6.1). Every criterion compares
+    loop i's output with loop i-1's, so the earliest exit is after 2 loops (argmax: after
+    threshold + 1) and never before min_loops. kl, entropy-diff and argmax need a readout after
+    every loop (only of the token being decoded)."""
 
-    def __init__(self, criterion, threshold=None, min_steps=1):
+    def __init__(self, criterion, threshold=None, min_loops=1):
         if criterion not in EXIT_THRESHOLDS:
             raise ValueError(f"unknown exit criterion {criterion!r}: choose from {', '.join(EXIT_THRESHOLDS)}")
-        self.criterion, self.min_steps = criterion, min_steps
+        self.criterion, self.min_loops = criterion, min_loops
         self.threshold = EXIT_THRESHOLDS[criterion] if threshold is None else threshold
         self.needs_readout = criterion in ("kl", "entropy-diff", "argmax")
 
     def reset(self):
-        self.prev = None  # last iteration's log-probs / entropy / argmax
-        self.stable = None  # argmax: iterations in a row with an unchanged argmax
+        self.prev = None  # last loop's log-probs / entropy / argmax
+        self.stable = None  # argmax: loops in a row with an unchanged argmax
 
     def converged(self, i, s_prev, s, logits):
-        """i: 0-based iteration just run; s_prev, s: (B, 1, h); logits (B, 1, V) or None -> (B,) bool."""
+        """i: 0-based loop just run; s_prev, s: (B, 1, h); logits (B, 1, V) or None -> (B,) bool."""
         c = self.criterion
         if c in ("latent-diff", "cosine"):
-            if i == 0:  # s_0 is the initial state, not an iteration's output
+            if i == 0:  # s_0 is the initial state, not a loop's output
                 return torch.zeros(s.shape[0], dtype=torch.bool, device=s.device)
             a, b = s[:, -1].float(), s_prev[:, -1].float()
             if c == "latent-diff":
                 value = (a - b).norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-12)
             else:
                 value = 1 - F.cosine_similarity(a, b, dim=-1)
-            return (value < self.threshold) & (i + 1 >= self.min_steps)
+            return (value < self.threshold) & (i + 1 >= self.min_loops)
         logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B, V)
         if c == "argmax":
             cur = logp.argmax(-1)
             self.stable = torch.zeros_like(cur) if self.prev is None else torch.where(cur == self.prev, self.stable + 1, 0)
             self.prev = cur
-            return (self.stable >= self.threshold) & (i + 1 >= self.min_steps)
+            return (self.stable >= self.threshold) & (i + 1 >= self.min_loops)
         if c == "entropy-diff":
             cur = -(logp.exp() * logp).sum(-1)
             value = None if self.prev is None else (cur - self.prev).abs()
@@ -95,20 +154,21 @@ class ExitRule:
         self.prev = cur
         if value is None:
             return torch.zeros(logp.shape[0], dtype=torch.bool, device=logp.device)
-        return (value < self.threshold) & (i + 1 >= self.min_steps)
+        return (value < self.threshold) & (i + 1 >= self.min_loops)
 
 
 # -----------------------------------------------------------------------------
-# the decoder: prefill, decode steps and verify passes over a (B, T) block of new tokens
+# the cached forward pass: prefill, decode steps and verify passes over a (B, T) block of new tokens
 
 
-class Decoder:
+class CachedForward:
     """Runs the model's pieces (run_prelude, init_state, iterate, readout) over new tokens at position
-    self.pos, with left padding: row b has pads[b] pad tokens first, its real positions start at 0
-    and no real token attends to a pad. cache=None recomputes (the caller passes the whole sequence)."""
+    self.pos, reading and writing the KV cache, with left padding: row b has pads[b] pad tokens first,
+    its real positions start at 0 and no real token attends to a pad. cache=None recomputes (the
+    caller passes the whole sequence). Not an nn.Module: it holds the decoding state, not weights."""
 
-    def __init__(self, model, pads, max_len, num_steps, cache=None, exit_rule=None, warm_start=False, generator=None):
-        self.model, self.r, self.cache = model, num_steps, cache
+    def __init__(self, model, pads, max_len, r, cache=None, exit_rule=None, warm_start=False, generator=None):
+        self.model, self.r, self.cache = model, r, cache
         self.exit_rule, self.warm_start, self.generator = exit_rule, warm_start, generator
         device = model.embed_tokens.weight.device
         self.pads = torch.tensor(pads, device=device)
@@ -128,12 +188,13 @@ class Decoder:
         allowed = self.key_valid[:, None, :S] & (j <= q)  # (B, T, S)
         return (allowed | (j == q))[:, None]  # a pad query sees itself: no empty softmax row (NaN)
 
-    def forward(self, idx, num_steps=None, adaptive=False):
-        """idx (B, T) new tokens -> logits (B, T, V), loops (B,). adaptive (T == 1 only) applies the
-        exit rule per row: exited rows keep their state and stop writing the cache (kv_cache.py)."""
+    def run(self, idx, num_loops=None, adaptive=False):
+        """idx (B, T) new tokens -> logits (B, T, V), loops (B,). num_loops: this pass's r (default
+        self.r). adaptive (T == 1 only) applies the exit rule per row: exited rows keep their state
+        and stop writing the cache."""
         m, cache = self.model, self.cache
         B, T = idx.shape
-        r = self.r if num_steps is None else num_steps
+        r = self.r if num_loops is None else num_loops
         if adaptive and (T != 1 or cache is None or self.exit_rule is None):
             raise ValueError("adaptive exit runs one token per step, with a KV cache and an exit rule")
         pos_ids = (torch.arange(self.pos, self.pos + T, device=idx.device)[None] - self.pads[:, None]).clamp_min(0)
@@ -150,12 +211,11 @@ class Decoder:
         if rule is None:
             for i in range(r):
                 s = m.iterate(s, e, rope, i, mask, cache)
-        else:
+        else:  # Huginn §6.1, per row: a row that converged stops looping and writing; the rest go on
             rule.reset()
             active = torch.ones(B, dtype=torch.bool, device=idx.device)
             for i in range(r):
-                cache.active = active
-                s_new = m.iterate(s, e, rope, i, mask, cache)
+                s_new = m.iterate(s, e, rope, i, mask, WriteRows(cache, active))
                 s_new = torch.where(active.view(-1, 1, 1), s_new, s)  # exited rows stay put
                 logits = m.readout(s_new, rope, mask, cache) if rule.needs_readout else None
                 done = rule.converged(i, s, s_new, logits) & active
@@ -166,7 +226,6 @@ class Decoder:
                     active = active & ~done
                     if not bool(active.any()):
                         break
-            cache.active = None
         if logits is None:
             logits = m.readout(s, rope, mask, cache)
         self.warm = s[:, -1:]
@@ -201,35 +260,31 @@ def filter_logits(logits, top_k=None, top_p=None):
 # generate
 
 
-def generate(model, prompts, *, max_new_tokens, num_steps, temperature=0.0, top_k=None, top_p=None, eos_id=None,
-             seed=None, cache=True, kv_budget=None, exit_criterion=None, exit_threshold=None, warm_start=False,
-             draft_r=None, draft_k=4, exit_min_steps=1, stats=None, stop=None):
-    """Complete each prompt (a list of token ids); batched with left padding. eos_id: an int, a
-    collection of ints or None. stats: an optional dict that receives timings and counts.
-    stop: an optional callable(row, tokens) -> bool, asked after every new token of a row (its new
-    tokens so far); True ends that row as EOS would (stop strings; not with draft_r).
+def generate(model, prompts, *, max_new_tokens, num_steps, eos_id=None, seed=None, stats=None, **options):
+    """Complete each prompt (a list of token ids); batched with left padding. num_steps: core loops per
+    token (None: config.mean_recurrence; the word of model.forward). eos_id: an int, a collection of
+    ints or None. seed: of the sampling and s_0 draws. stats: an optional dict that receives timings
+    and counts. options: the other fields of DecodeOptions (temperature, top_k, top_p, cache, kv_budget,
+    exit_criterion, exit_threshold, exit_min_loops, warm_start, draft_r, draft_k, stop), with their
+    defaults there; an unknown one is a TypeError. stop: a callable(row, tokens) -> bool, asked after
+    every new token of a row (its new tokens so far); True ends that row as EOS would (stop strings).
     Returns one Completion per prompt."""
     c = model.config
     r = (num_steps if num_steps is not None else c.mean_recurrence) if c.recurrent else 1
-    _check(c, prompts, max_new_tokens, r, temperature, top_k, top_p, cache, kv_budget, exit_criterion,
-           warm_start, draft_r, draft_k, exit_min_steps)
-    eos = set() if eos_id is None else ({int(eos_id)} if isinstance(eos_id, int) else {int(x) for x in eos_id})
+    eos = () if eos_id is None else [eos_id] if isinstance(eos_id, int) else eos_id
+    opt = DecodeOptions(max_new_tokens=max_new_tokens, r=r, eos=frozenset(int(x) for x in eos), **options)
+    opt.check(c, prompts)
     device = model.embed_tokens.weight.device
     gen = torch.Generator(device).manual_seed(seed) if seed is not None else None
-    rule = ExitRule(exit_criterion, exit_threshold, exit_min_steps) if exit_criterion else None
     stats = {} if stats is None else stats
     stats.update(prefill_s=0.0, decode_s=0.0, decode_tokens=0, decode_loops=0, kv_bytes=0, drafted=0, accepted=0)
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            if draft_r is not None:
-                if stop is not None:
-                    raise ValueError("stop= is not supported with draft_r (self-speculative decoding)")
-                return [_speculative(model, p, r, draft_r, draft_k, max_new_tokens, eos, kv_budget, gen, stats)
-                        for p in prompts]
-            return _batch(model, prompts, r, max_new_tokens, temperature, top_k, top_p, eos, gen, cache,
-                          kv_budget, rule, warm_start, stats, stop)
+            if opt.draft_r is not None:
+                return [_speculative(model, p, opt, gen, stats) for p in prompts]
+            return _batch(model, prompts, opt, gen, stats)
     finally:
         model.train(was_training)
 
@@ -246,107 +301,85 @@ def context_warning(config, prompts, max_new_tokens):
             "shorten the prompt or lower --max_new_tokens")
 
 
-def _check(c, prompts, max_new_tokens, r, temperature, top_k, top_p, cache, kv_budget, exit_criterion, warm_start,
-           draft_r, draft_k, exit_min_steps):
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
-    bad = [t for p in prompts for t in p if not 0 <= t < c.vocab_size]
-    if bad:
-        raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {c.vocab_size})")
-    if max_new_tokens < 1 or r < 1:
-        raise ValueError(f"max_new_tokens and num_steps must be >= 1, got {max_new_tokens} and {r}")
-    if temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
-        raise ValueError("need temperature >= 0, top_k >= 1 and 0 < top_p <= 1")
-    if kv_budget is not None and kv_budget < 1:
-        raise ValueError(f"kv_budget must be >= 1, got {kv_budget}")
-    if exit_criterion is not None and not c.recurrent:
-        raise ValueError("adaptive exit needs a recurrent model; this one has static depth")
-    if exit_min_steps < 1:
-        raise ValueError(f"exit_min_steps must be >= 1, got {exit_min_steps}")
-    if not cache and (kv_budget or exit_criterion or warm_start or draft_r):
-        raise ValueError("cache=False recomputes every position at fixed r: it cannot combine with "
-                         "kv_budget, exit, warm_start or draft_r")
-    if draft_r is not None:
-        if draft_r < 1 or draft_k < 1:
-            raise ValueError(f"draft_r and draft_k must be >= 1, got {draft_r} and {draft_k}")
-        if temperature != 0 or exit_criterion or warm_start:
-            raise ValueError("self-speculative decoding is greedy (temperature 0) and runs a fixed r: "
-                             "it cannot combine with exit or warm_start")
+def _new_cache(model, batch_size, max_len, opt):
+    """A KV cache of min(kv_budget, r) slots per core layer, in the model's device and dtype."""
+    w = model.embed_tokens.weight
+    return KVCache(model.config, batch_size, max_len, min(opt.kv_budget or opt.r, opt.r), w.device, w.dtype)
 
 
-def _batch(model, prompts, r, max_new_tokens, temperature, top_k, top_p, eos, gen, cache, kv_budget, rule,
-           warm_start, stats, stop=None):
-    c, device = model.config, model.embed_tokens.weight.device
+def _batch(model, prompts, opt, gen, stats):
+    device = model.embed_tokens.weight.device
     B, L = len(prompts), max(len(p) for p in prompts)
     pads = [L - len(p) for p in prompts]
-    pad_id = min(eos) if eos else 0  # any id: no real token attends to a pad
+    pad_id = min(opt.eos) if opt.eos else 0  # any id: no real token attends to a pad
     idx = torch.tensor([[pad_id] * n + list(p) for n, p in zip(pads, prompts)], device=device)
-    max_len = L + max_new_tokens
-    kv = KVCache(c, B, max_len, min(kv_budget or r, r), device, model.embed_tokens.weight.dtype) if cache else None
-    dec = Decoder(model, pads, max_len, r, kv, rule, warm_start, gen)
+    max_len = L + opt.max_new_tokens
+    kv = _new_cache(model, B, max_len, opt) if opt.cache else None
+    rule = ExitRule(opt.exit_criterion, opt.exit_threshold, opt.exit_min_loops) if opt.exit_criterion else None
+    fwd = CachedForward(model, pads, max_len, opt.r, kv, rule, opt.warm_start, gen)
     stats["kv_bytes"] = kv.nbytes if kv is not None else 0
     t0 = time.perf_counter()
-    logits, loops = dec.forward(idx)
+    logits, loops = fwd.run(idx)
     stats["prefill_s"] = time.perf_counter() - t0
     out = [Completion([], []) for _ in prompts]
     done = [False] * B
     t0 = time.perf_counter()
-    for t in range(max_new_tokens):
-        nxt = sample_next(logits[:, -1], temperature, top_k, top_p, gen)  # (B,)
+    for t in range(opt.max_new_tokens):
+        nxt = sample_next(logits[:, -1], opt.temperature, opt.top_k, opt.top_p, gen)  # (B,)
         for b, (tok, n) in enumerate(zip(nxt.tolist(), loops.tolist())):
             if not done[b]:
                 out[b].tokens.append(tok)
                 out[b].loops.append(n)
-                done[b] = tok in eos or (stop is not None and bool(stop(b, out[b].tokens)))
-        if all(done) or t + 1 == max_new_tokens:
+                done[b] = tok in opt.eos or (opt.stop is not None and bool(opt.stop(b, out[b].tokens)))
+        if all(done) or t + 1 == opt.max_new_tokens:
             break
         if kv is not None:
-            logits, loops = dec.forward(nxt[:, None], adaptive=rule is not None)
+            logits, loops = fwd.run(nxt[:, None], adaptive=rule is not None)
         else:  # recompute the whole sequence (the reference the cache must match)
             idx = torch.cat([idx, nxt[:, None]], dim=1)
-            logits, loops = dec.forward(idx)
+            logits, loops = fwd.run(idx)
         stats["decode_tokens"] += sum(not d for d in done)
         stats["decode_loops"] += sum(n for n, d in zip(loops.tolist(), done) if not d)
     stats["decode_s"] = time.perf_counter() - t0
     return out
 
 
-def _speculative(model, prompt, r, draft_r, draft_k, max_new_tokens, eos, kv_budget, gen, stats):
+def _speculative(model, prompt, opt, gen, stats):
     """Self-speculative greedy decoding of one prompt (rows would accept different numbers of tokens,
     so batches run one prompt at a time). Invariant: the cache holds r-loop entries for every
     position before `tok`; draft entries past it are overwritten by the verify pass or later."""
-    c, device = model.config, model.embed_tokens.weight.device
-    max_len = len(prompt) + max_new_tokens + draft_k + 1
-    kv = KVCache(c, 1, max_len, min(kv_budget or r, r), device, model.embed_tokens.weight.dtype)
-    dec = Decoder(model, [0], max_len, r, kv, generator=gen)
+    device, r, eos = model.embed_tokens.weight.device, opt.r, opt.eos
+    max_len = len(prompt) + opt.max_new_tokens + opt.draft_k + 1
+    kv = _new_cache(model, 1, max_len, opt)
+    fwd = CachedForward(model, [0], max_len, r, kv, generator=gen)
     stats["kv_bytes"] = max(stats["kv_bytes"], kv.nbytes)
     t0 = time.perf_counter()
-    logits, _ = dec.forward(torch.tensor([prompt], device=device))
+    logits, _ = fwd.run(torch.tensor([prompt], device=device))
     stats["prefill_s"] += time.perf_counter() - t0
     t0 = time.perf_counter()
     tok = int(logits[0, -1].argmax())
     out = [tok]
-    while len(out) < max_new_tokens and tok not in eos:
-        base, drafts, x = dec.pos, [], tok
-        for _ in range(min(draft_k, max_new_tokens - len(out))):  # draft with few loops
-            lg, _ = dec.forward(torch.tensor([[x]], device=device), num_steps=draft_r)
+    while len(out) < opt.max_new_tokens and tok not in eos:
+        base, drafts, x = fwd.pos, [], tok
+        for _ in range(min(opt.draft_k, opt.max_new_tokens - len(out))):  # draft with few loops
+            lg, _ = fwd.run(torch.tensor([[x]], device=device), num_loops=opt.draft_r)
             x = int(lg[0, -1].argmax())
             drafts.append(x)
             if x in eos:
                 break
-        dec.pos = base  # verify [tok, drafts] in one pass at r loops, overwriting the draft entries
-        lg, _ = dec.forward(torch.tensor([[tok] + drafts], device=device))
+        fwd.pos = base  # verify [tok, drafts] in one pass at r loops, overwriting the draft entries
+        lg, _ = fwd.run(torch.tensor([[tok] + drafts], device=device))
         verified = lg[0].argmax(-1).tolist()  # verified[j]: the r-loop prediction after drafts[:j]
         j = 0
         while j < len(drafts) and drafts[j] == verified[j]:
             j += 1
-        dec.pos = base + j + 1  # tok and the j agreeing drafts now hold r-loop entries
+        fwd.pos = base + j + 1  # tok and the j agreeing drafts now hold r-loop entries
         stats["drafted"] += len(drafts)
         stats["accepted"] += j
-        stats["decode_loops"] += len(drafts) * draft_r + r
+        stats["decode_loops"] += len(drafts) * opt.draft_r + r
         for t in drafts[:j] + [verified[j]]:
             out.append(t)
-            if t in eos or len(out) == max_new_tokens:
+            if t in eos or len(out) == opt.max_new_tokens:
                 break
         tok = out[-1]
     stats["decode_s"] += time.perf_counter() - t0
@@ -362,7 +395,7 @@ def parse_args(argv=None):
     p = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
     flag = dict(type=str2bool, nargs="?", const=True, default=False)
     p.add_argument("--init", default="out", help="checkpoint dir (default out/), short name, hub id or .gguf")
-    p.add_argument("--r", type=int, default=None, help="core iterations per token (default: config.mean_recurrence)")
+    p.add_argument("--r", type=int, default=None, help="core loops per token (default: config.mean_recurrence)")
     p.add_argument("--prompt", default="\n", help='prompt text, or "FILE:path" for one prompt per line')
     p.add_argument("--prompt_file", default=None, help="one prompt per line, generated as one left-padded batch")
     p.add_argument("--num_samples", type=int, default=1, help="completions per prompt")
@@ -372,10 +405,10 @@ def parse_args(argv=None):
     p.add_argument("--top_p", type=float, default=None, help="nucleus sampling: the smallest set with this probability")
     p.add_argument("--seed", type=int, default=1337, help="sampling and s_0 draws")
     p.add_argument("--cache", type=str2bool, default=True, help="false: recompute every position, no KV cache")
-    p.add_argument("--kv_budget", type=int, default=None, help="KV slots per core layer (iteration i -> slot i mod N)")
+    p.add_argument("--kv_budget", type=int, default=None, help="KV slots per core layer (loop i -> slot i mod N)")
     p.add_argument("--exit", default=None, choices=list(EXIT_THRESHOLDS), help="adaptive exit criterion")
     p.add_argument("--exit_threshold", type=float, default=None, help="default: Huginn's for the criterion")
-    p.add_argument("--exit_min_r", type=int, default=1, help="never exit before this many iterations")
+    p.add_argument("--exit_min_loops", type=int, default=1, help="never exit before this many loops")
     p.add_argument("--warm_start", **flag, help="start each token's state from the last token's final state")
     p.add_argument("--draft_r", type=int, default=None, help="self-speculative: draft with this many loops")
     p.add_argument("--draft_k", type=int, default=4, help="tokens drafted per verify pass")
@@ -386,7 +419,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     try:  # before the model loads: each wrong flag by name
         at_least(args, 0, "temperature", "exit_threshold")
-        at_least(args, 1, "r", "max_new_tokens", "num_samples", "top_k", "kv_budget", "exit_min_r", "draft_r", "draft_k",
+        at_least(args, 1, "r", "max_new_tokens", "num_samples", "top_k", "kv_budget", "exit_min_loops", "draft_r", "draft_k",
                  "threads")
     except ValueError as err:
         p.error(str(err))
@@ -437,7 +470,7 @@ def main(argv=None):
                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=eos or None,
                         seed=args.seed, cache=args.cache, kv_budget=args.kv_budget, exit_criterion=args.exit,
                         exit_threshold=args.exit_threshold, warm_start=args.warm_start, draft_r=args.draft_r,
-                        draft_k=args.draft_k, exit_min_steps=args.exit_min_r, stats=stats)
+                        draft_k=args.draft_k, exit_min_loops=args.exit_min_loops, stats=stats)
     except (ValueError, FileNotFoundError, CheckpointError, SurgeryError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

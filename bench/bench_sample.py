@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from plumbing.kv_cache import KVCache  # noqa: E402
-from sample import EXIT_THRESHOLDS, Decoder, ExitRule, generate  # noqa: E402
+from sample import EXIT_THRESHOLDS, CachedForward, ExitRule, generate  # noqa: E402
 
 PROMPT = "Write a short story about a robot who learns to paint."
 
@@ -119,11 +119,11 @@ def depth_eval(model, ids, targets, r, rule, batch_size, seed, budget=None):
         x = torch.from_numpy(ids[b:b + batch_size].astype(np.int64))
         B, T = x.shape
         kv = KVCache(model.config, B, T, min(budget or r, r))
-        dec = Decoder(model, [0] * B, T, r, kv, rule, generator=gen)
+        fwd = CachedForward(model, [0] * B, T, r, kv, rule, generator=gen)
         preds, ns = [], []
         with torch.inference_mode():
             for t in range(T):
-                lg, n = dec.forward(x[:, t:t + 1], adaptive=rule is not None and t > 0)
+                lg, n = fwd.run(x[:, t:t + 1], adaptive=rule is not None and t > 0)
                 preds.append(lg[:, -1].argmax(-1))
                 ns.append(n)
         pred, n = torch.stack(preds, 1).numpy(), torch.stack(ns, 1).numpy()
@@ -157,14 +157,14 @@ def section_depth(args):
         if r == r_max:
             base_acc, base_n = acc, n
     for crit, thr in EXIT_THRESHOLDS.items():
-        rule = ExitRule(crit, thr, args.exit_min_r)
+        rule = ExitRule(crit, thr, args.exit_min_loops)
         acc, n, kv = depth_eval(model, ids, targets, r_max, rule, args.batch_size, args.seed)
         log(f"   exit {crit:<12s} {thr:<8g} {acc:8.3f}   {n:8.2f}   {kv / 1024:18.1f}   ({base_n / n:.1f}x fewer "
             f"loops, {100 * (acc - base_acc):+.1f} points vs fixed r={r_max}; goal >= 2x within 1 point)")
     for budget in (b for b in (8, 4, 2, 1) if b < r_max):  # Huginn's KV sharing on a trained model
         acc, n, kv = depth_eval(model, ids, targets, r_max, None, args.batch_size, args.seed, budget)
         log(f"   r={r_max} kv_budget={budget:<11d} {acc:8.3f}   {n:8.2f}   {kv / 1024:18.1f}")
-    acc, n, kv = depth_eval(model, ids, targets, r_max, ExitRule("kl", None, args.exit_min_r), args.batch_size,
+    acc, n, kv = depth_eval(model, ids, targets, r_max, ExitRule("kl", None, args.exit_min_loops), args.batch_size,
                             args.seed, 4)
     log(f"   exit kl + kv_budget=4      {acc:8.3f}   {n:8.2f}   {kv / 1024:18.1f}")
     log()
@@ -214,7 +214,7 @@ def main(argv=None):
     p.add_argument("--depth_data", default="data/depth", help="section 3: the prepared depth data dir")
     p.add_argument("--depth_rows", type=int, default=1000, help="section 3: val rows used")
     p.add_argument("--depth_r", type=int, default=32, help="section 3: r_max (fixed-r baseline and exit cap)")
-    p.add_argument("--exit_min_r", type=int, default=1)
+    p.add_argument("--exit_min_loops", type=int, default=1, help="section 3: never exit before this many loops")
     p.add_argument("--batch_size", type=int, default=1000, help="section 3: rows per batch")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--threads", type=int, default=1,

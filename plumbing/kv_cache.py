@@ -1,14 +1,15 @@
 """
-The KV cache of a recurrent-depth model: one entry per (layer, iteration), with Huginn's KV sharing.
+The KV cache of a recurrent-depth model: one entry per (layer, loop), with Huginn's KV sharing.
 
 A looped core runs every layer r times per token, so a cache keeps r entries per core layer and
 position (Geiping et al. 2025, arXiv 2502.05171, §6). Huginn's "KV-cache sharing" caps that at a
-budget of N slots per core layer: iteration i writes slot i mod N, so memory stops growing with r
+budget of N slots per core layer: loop i writes slot i mod N, so memory stops growing with r
 (reported stable down to N = 4). The prelude and the coda run once per token: one slot each.
 
 The model talks to a cache through `cache.update(key, k, v) -> (k_all, v_all)` with key =
-(part, layer, step) (see model.py); sample.py sets `cache.pos` (where the T new positions go)
-before each forward pass. Everything is preallocated to (B, n_kv_head, max_len, head_dim), so a
+(part, layer, loop) (see model.py); sample.py calls `cache.start(pos, T, r)` (where the T new
+positions go) before each forward pass, and hands the core `WriteRows(cache, rows)` while only some
+rows may write (adaptive exit). Everything is preallocated to (B, n_kv_head, max_len, head_dim), so a
 decode step copies one position in place instead of concatenating the past.
 
     python -m pytest -q tests/test_sample.py     # cached == uncached logits, budgets, adaptive exit
@@ -35,16 +36,16 @@ def available_memory(device):
 class KVCache:
     """Preallocated keys and values for prelude, core and coda of a RecurrentGPT.
 
-    Policy for the core (what a token at iteration i reads of an earlier token p):
-    - p ran iteration i: slot i mod n_slots. With n_slots >= r that is p's iteration-i entry; with a
-      budget N < r (Huginn's sharing) it is the latest iteration of p congruent to i mod N.
-    - p exited (adaptive exit) before iteration i: p's latest entry, its last iteration n_p - 1,
+    Policy for the core (what a token at loop i reads of an earlier token p):
+    - p ran loop i: slot i mod n_slots. With n_slots >= r that is p's loop-i entry; with a
+      budget N < r (Huginn's sharing) it is the latest loop of p congruent to i mod N.
+    - p exited (adaptive exit) before loop i: p's latest entry, its last loop n_p - 1,
       which sits in slot (n_p - 1) mod N.
-    `n_run` (B, max_len) holds how many iterations each position ran; sample.py sets it through
-    start() (every new position runs r) and mark_exited(). While `active` (a (B,) bool tensor) is set,
-    rows that are False (already exited) do not write, so their slots keep their own entries.
-    A pass over several new tokens (prefill, a speculative verify) writes iteration i of all of them
-    before any reads it, so with N < r they see each other's iteration-i entries, where
+    `n_run` (B, max_len) holds how many loops each position ran; sample.py sets it through
+    start() (every new position runs r) and mark_exited(). update(..., rows) writes core entries
+    of the rows that are True only: exited rows keep their own entries in their slots.
+    A pass over several new tokens (prefill, a speculative verify) writes loop i of all of them
+    before any reads it, so with N < r they see each other's loop-i entries, where
     token-by-token decoding would read the latest entry of that slot: with a budget, prefill and
     decoding differ slightly (as in Huginn's code); with N >= r they agree exactly."""
 
@@ -68,8 +69,7 @@ class KVCache:
         self.n_run = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
         self.pos = self.end = 0  # the forward pass in progress writes positions [pos, end)
         self.min_run = 0  # min of n_run[:, :end]: below it no position has exited, reads are plain slots
-        self.active = None  # (B,) bool: rows that write core entries (adaptive exit)
-        self._slots = {}  # iteration -> (B, end) slot index per position, while some position exited
+        self._slots = {}  # loop -> (B, end) slot index per position, while some position exited
 
     @property
     def nbytes(self):
@@ -77,7 +77,7 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in (self.prelude, self.core, self.coda))
 
     def start(self, pos, T, r):
-        """A forward pass writes positions [pos, pos + T), each running r iterations."""
+        """A forward pass writes positions [pos, pos + T), each running r loops."""
         if pos + T > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions, asked to write up to {pos + T}")
         self.pos, self.end = pos, pos + T
@@ -86,13 +86,16 @@ class KVCache:
         self._slots = {}
 
     def mark_exited(self, rows, n):
-        """Rows (a (B,) bool tensor) exited after n iterations at the current one-token step."""
+        """Rows (a (B,) bool tensor) exited after n loops at the current one-token step."""
         self.n_run[:, self.pos] = torch.where(rows, n, self.n_run[:, self.pos])
         self.min_run = min(self.min_run, n)
         self._slots = {}
 
-    def update(self, key, k, v):
-        part, layer, step = key
+    def update(self, key, k, v, rows=None):
+        """Write k, v (B, nkv, T, hd) at the announced positions; return all keys and values so far as
+        the loop reads them (the policy above). rows: (B,) bool, the rows that write core entries
+        (None: all)."""
+        part, layer, i = key
         a, b = self.pos, self.end
         if k.shape[2] != b - a:
             raise ValueError(f"cache.start() announced {b - a} new positions, got {k.shape[2]}")
@@ -101,19 +104,31 @@ class KVCache:
             kv[0, :, :, a:b], kv[1, :, :, a:b] = k, v
             return kv[0, :, :, :b], kv[1, :, :, :b]
         slots = self.core[:, layer]  # (2, N, B, nkv, S, hd)
-        kv = slots[:, step % self.n_slots]
-        if self.active is not None:  # exited rows keep their entry
-            keep = ~self.active.view(-1, 1, 1, 1)
+        kv = slots[:, i % self.n_slots]
+        if rows is not None:  # exited rows keep their entry
+            keep = ~rows.view(-1, 1, 1, 1)
             k = torch.where(keep, kv[0, :, :, a:b], k)
             v = torch.where(keep, kv[1, :, :, a:b], v)
         kv[0, :, :, a:b], kv[1, :, :, a:b] = k, v
-        if step < self.min_run:  # every position ran this iteration: one slot holds them all
+        if i < self.min_run:  # every position ran this loop: one slot holds them all
             return kv[0, :, :, :b], kv[1, :, :, :b]
-        if step not in self._slots:  # exited positions read the slot of their last iteration
+        if i not in self._slots:  # exited positions read the slot of their last loop
             run = self.n_run[:, :b]
-            self._slots[step] = torch.where(run > step, step % self.n_slots, (run - 1) % self.n_slots)
+            self._slots[i] = torch.where(run > i, i % self.n_slots, (run - 1) % self.n_slots)
         B = k.shape[0]
-        rows = torch.arange(B, device=k.device)[:, None]
+        batch = torch.arange(B, device=k.device)[:, None]
         cols = torch.arange(b, device=k.device)[None]
-        g = slots[:, :, :, :, :b].permute(1, 2, 4, 0, 3, 5)[self._slots[step], rows, cols]  # (B, S, 2, nkv, hd)
+        g = slots[:, :, :, :, :b].permute(1, 2, 4, 0, 3, 5)[self._slots[i], batch, cols]  # (B, S, 2, nkv, hd)
         return g[:, :, 0].transpose(1, 2), g[:, :, 1].transpose(1, 2)
+
+
+class WriteRows:
+    """A cache as model.iterate sees it while only some rows write (adaptive exit): the model's blocks
+    call update(key, k, v), and this passes `rows` ((B,) bool) on. sample.py says at the call site which
+    rows write, instead of a flag on the cache that update() would have to read."""
+
+    def __init__(self, cache, rows):
+        self.cache, self.rows = cache, rows
+
+    def update(self, key, k, v):
+        return self.cache.update(key, k, v, rows=self.rows)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from plumbing import math_grader
-from eval_math import extract_boxed, extract_gsm8k, extract_gsm8k_strict, extract_math, grade_math, gsm8k_gold
+from eval_math import extract_boxed, extract_gsm8k, extract_gsm8k_strict, extract_math, grade_math, gsm8k_gold, math_gold
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 GSM8K = SHARED / "data" / "gsm8k"
@@ -140,6 +140,12 @@ def test_extract_boxed(text, want):
     assert extract_boxed(text) == want
 
 
+def test_math_gold_is_the_answer_or_the_last_box():
+    # MATH-500 rows carry an answer; rows of the full MATH set (hendrycks_math) only a solution
+    assert math_gold({"solution": r"so \boxed{2} then \boxed{\frac12}", "answer": "0.5"}) == "0.5"
+    assert math_gold({"solution": r"so \boxed{2} then \boxed{\frac12}"}) == r"\frac12"
+
+
 def test_extract_math_falls_back_to_minerva_sentence():
     assert extract_math("Final Answer: The final answer is $24$. I hope it is correct.") == "24"
     assert extract_math(r"so \boxed{3}. Final Answer: The final answer is $4$. I hope it is correct.") == "3"
@@ -217,24 +223,38 @@ def greedy_reference(model, ids, r, n):
     return x[0, len(ids):].tolist()
 
 
-def test_accept_stop_strings_and_eos(smol_tok_dir):
+def test_stop_strings_end_at_the_completing_token(smol_tok_dir):
     from plumbing.tokenizer import load_tokenizer
     tok = load_tokenizer(smol_tok_dir)
     ids = tok.encode("Then 3 + 4 = 7.\n#### 7\n\nQ: Next one, 12 apples")
-    done, finished = [], False
-    for c in range(0, len(ids), 3):  # chunks of 3 tokens, as complete() receives them
-        kept, finished, text, used = eval_math.accept(tok, done, ids[c:c + 3], eval_math.STOP_RE["gsm8k"], {2})
-        done += kept
-        if finished:
-            break
-    assert finished and text == "Then 3 + 4 = 7.\n#### 7\n"
-    assert tok.decode(done).endswith("Q:") and not tok.decode(done[:-1]).endswith("Q:")
-    assert eval_math.extract_gsm8k(text) == "7" and eval_math.extract_gsm8k_strict(text) == "7"
-    a, b = tok.encode("so 5"), tok.encode(" more")
-    assert eval_math.accept(tok, [], a + [2] + b, eval_math.STOP_RE["gsm8k"], {2}) == (a, True, "so 5", len(a) + 1)
+    done = ids[:3]  # kept from an earlier chunk: the stop string is searched in done + new tokens
+    stop = eval_math.StopStrings(tok, eval_math.STOP_RE["gsm8k"], [done])
+    n = next(n for n in range(1, len(ids) - 2) if stop(0, ids[3:3 + n]))  # asked after every token, as generate() does
+    kept = done + ids[3:3 + n]
+    assert stop.text[0] == "Then 3 + 4 = 7.\n#### 7\n"
+    assert tok.decode(kept).endswith("Q:") and not tok.decode(kept[:-1]).endswith("Q:")
+    assert eval_math.extract_gsm8k(stop.text[0]) == "7" and eval_math.extract_gsm8k_strict(stop.text[0]) == "7"
     # "Q:" inside a line is no stop; "Problem:" at a line start stops MATH
-    assert not eval_math.accept(tok, [], tok.encode("a Q: b"), eval_math.STOP_RE["gsm8k"], {2})[1]
-    assert eval_math.accept(tok, [], tok.encode("x\nProblem: y"), eval_math.STOP_RE["math"], {2})[2] == "x"
+    assert not eval_math.StopStrings(tok, eval_math.STOP_RE["gsm8k"], [[]])(0, tok.encode("a Q: b"))
+    stop = eval_math.StopStrings(tok, eval_math.STOP_RE["math"], [[]])
+    assert stop(0, tok.encode("x\nProblem: y")) and stop.text[0] == "x"
+
+
+def test_complete_ends_at_eos_and_drops_it(smol_tok_dir):
+    # the completion ends at EOS (here a token plain greedy decoding produces) inside a later chunk;
+    # EOS is dropped from the tokens and the text, and its loops are counted
+    from model import RecurrentGPT
+    from plumbing.tokenizer import load_tokenizer
+
+    model, tok = RecurrentGPT.from_pretrained(smol_tok_dir).eval(), load_tokenizer(smol_tok_dir)
+    ids = eval_math.encode_prompt(tok, "Q: What is 2 + 3?\nA: Let's think step by step.")
+    r = 2
+    ref = greedy_reference(model, ids, r, 8)
+    assert "Q:" not in tok.decode(ref)  # (else the stop string would cut first)
+    j = next(k for k in range(4, 8) if ref[k] not in ref[:k])  # EOS after j kept tokens
+    args = eval_math.parse_args(["--init", "x", "--task", "gsm8k", "--max_new_tokens", "8", "--chunk", "3"])
+    [(text, n_tokens, loops)] = eval_math.complete(model, tok, [ids], r, args, {ref[j]}, 0)
+    assert (text, n_tokens, loops) == (tok.decode(ref[:j]), j, (j + 1) * r)
 
 
 def test_gsm8k_end_to_end_matches_plain_greedy(smol_tok_dir, tmp_path):

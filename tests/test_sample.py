@@ -7,7 +7,7 @@ import torch
 
 from plumbing.kv_cache import KVCache
 from model import RecurrentConfig, RecurrentGPT
-from sample import EXIT_THRESHOLDS, Decoder, ExitRule, context_warning, filter_logits, generate, main
+from sample import EXIT_THRESHOLDS, CachedForward, ExitRule, context_warning, filter_logits, generate, main
 
 TOL = 1e-5
 CONFIGS = {
@@ -41,11 +41,11 @@ def tiny(seed=0, std=0.2, **kw):
 
 def decode_logits(model, seq, n_prompt, r, cache):
     """Prefill seq[:n_prompt], then feed the rest one token at a time; logits for every position."""
-    dec = Decoder(model, [0], seq.shape[1], r, cache)
+    fwd = CachedForward(model, [0], seq.shape[1], r, cache)
     with torch.inference_mode():
-        outs = [dec.forward(seq[:, :n_prompt])[0]]
+        outs = [fwd.run(seq[:, :n_prompt])[0]]
         for t in range(n_prompt, seq.shape[1]):
-            outs.append(dec.forward(seq[:, t:t + 1])[0])
+            outs.append(fwd.run(seq[:, t:t + 1])[0])
     return torch.cat(outs, dim=1)
 
 
@@ -81,12 +81,12 @@ def test_batched_left_padding_equals_unbatched(name):
     L = max(map(len, prompts))
     pads = [L - len(p) for p in prompts]
     idx = torch.tensor([[0] * n + p for n, p in zip(pads, prompts)])
-    dec = Decoder(model, pads, L + 3, r, KVCache(model.config, 3, L + 3, r))
+    fwd = CachedForward(model, pads, L + 3, r, KVCache(model.config, 3, L + 3, r))
     with torch.inference_mode():
-        logits = [dec.forward(idx)[0]]
+        logits = [fwd.run(idx)[0]]
         tail = torch.tensor([[11, 12, 13]] * 3)
         for t in range(3):
-            logits.append(dec.forward(tail[:, t:t + 1])[0])
+            logits.append(fwd.run(tail[:, t:t + 1])[0])
         logits = torch.cat(logits, dim=1)
         for b, p in enumerate(prompts):
             ref, _ = model(torch.tensor([p + [11, 12, 13]]), num_steps=r)
@@ -120,7 +120,7 @@ def test_exit_threshold_zero_equals_fixed_r_max(criterion):
     model, r = tiny(**CONFIGS["huginn_sandwich"]), 6
     prompts = [[3, 1, 4], [1, 5, 9, 2, 6]]
     fixed = generate(model, prompts, max_new_tokens=8, num_steps=r)
-    # argmax counts iterations: a count of r can never be reached within r iterations
+    # argmax counts loops: a count of r can never be reached within r loops
     thr = r if criterion == "argmax" else 0.0
     adaptive = generate(model, prompts, max_new_tokens=8, num_steps=r, exit_criterion=criterion, exit_threshold=thr)
     assert [c.tokens for c in adaptive] == [c.tokens for c in fixed]
@@ -128,11 +128,11 @@ def test_exit_threshold_zero_equals_fixed_r_max(criterion):
 
 
 @pytest.mark.parametrize("criterion", ["kl", "entropy-diff", "latent-diff", "cosine"])
-def test_exit_fires_at_the_earliest_allowed_iteration(criterion):
+def test_exit_fires_at_the_earliest_allowed_loop(criterion):
     model = tiny()
-    for min_steps, expect in ((1, 2), (4, 4)):  # consecutive iterations are compared: earliest exit is 2
+    for min_loops, expect in ((1, 2), (4, 4)):  # consecutive loops are compared: earliest exit is 2
         out = generate(model, [[1, 2, 3]], max_new_tokens=5, num_steps=8, exit_criterion=criterion,
-                       exit_threshold=1e9, exit_min_steps=min_steps)[0]
+                       exit_threshold=1e9, exit_min_loops=min_loops)[0]
         assert out.loops == [8] + [expect] * 4  # the first token comes from the fixed-r prefill
 
 
@@ -141,7 +141,7 @@ def test_default_thresholds_are_huginns():
 
 
 def test_adaptive_exit_batched_equals_unbatched():
-    # rows exit at different iterations: a row's exit must not depend on the other rows
+    # rows exit at different loops: a row's exit must not depend on the other rows
     model = tiny(seed=3, std=0.1, **CONFIGS["huginn_sandwich"])
     prompts = [[3, 1, 4], [1, 5, 9, 2, 6], [2, 7]]
     kw = dict(max_new_tokens=8, num_steps=12, exit_criterion="entropy-diff", exit_threshold=0.01)
@@ -150,17 +150,17 @@ def test_adaptive_exit_batched_equals_unbatched():
         single = [generate(model, [p], kv_budget=budget, **kw)[0] for p in prompts]
         assert [(c.tokens, c.loops) for c in batched] == [(c.tokens, c.loops) for c in single]
         loops = {n for c in batched for n in c.loops[1:]}
-        assert len(loops) > 3  # rows and tokens exit at different iterations
+        assert len(loops) > 3  # rows and tokens exit at different loops
 
 
 class NaiveSharedCache:
     """The KV-sharing policy written plainly, as the reference for KVCache: every (row, position) keeps
-    every iteration it ran; iteration i reads, for each position that ran iteration i, the latest
-    iteration j = i (mod N) it ran, and for a token that exited before i the latest iteration it ran.
-    It learns who ran what from the writes alone (no n_run bookkeeping), and preallocates nothing."""
+    every loop it ran; loop i reads, for each position that ran loop i, the latest loop j = i (mod N)
+    it ran, and for a token that exited before i the latest loop it ran. It learns who ran what from
+    the writes alone (no n_run bookkeeping), and preallocates nothing."""
 
     def __init__(self, n_slots):
-        self.n_slots, self.pos, self.active, self.store = n_slots, 0, None, {}
+        self.n_slots, self.pos, self.store = n_slots, 0, {}
 
     def start(self, pos, T, r):
         self.pos = pos
@@ -168,19 +168,19 @@ class NaiveSharedCache:
     def mark_exited(self, rows, n):
         pass  # seen from the writes: an exited row stops writing
 
-    def update(self, key, k, v):
-        part, layer, step = key
+    def update(self, key, k, v, rows=None):
+        part, layer, i = key
         B, _, T, _ = k.shape
         out_k, out_v = [], []
         for b in range(B):
             for t in range(T):
-                if part != "core" or self.active is None or bool(self.active[b]):
-                    self.store.setdefault((part, layer, b, self.pos + t), {})[step] = (k[b, :, t], v[b, :, t])
+                if part != "core" or rows is None or bool(rows[b]):
+                    self.store.setdefault((part, layer, b, self.pos + t), {})[i] = (k[b, :, t], v[b, :, t])
             ks, vs = [], []
             for p in range(self.pos + T):
                 runs = self.store[(part, layer, b, p)]
-                ran_i = max(runs) >= step
-                j = max(j for j in runs if j % self.n_slots == step % self.n_slots) if ran_i else max(runs)
+                ran_i = max(runs) >= i
+                j = max(j for j in runs if j % self.n_slots == i % self.n_slots) if ran_i else max(runs)
                 ks.append(runs[j][0])
                 vs.append(runs[j][1])
             out_k.append(torch.stack(ks, dim=1))
@@ -208,18 +208,18 @@ def test_kv_policy_with_exit_matches_naive(budget):
     logits, loops = {}, {}
     for name in ("fast", "naive"):
         cache = KVCache(model.config, 2, 12, budget or r) if name == "fast" else NaiveSharedCache(budget or r)
-        dec = Decoder(model, [0, 0], 12, r, cache, ExitRule("entropy-diff", 0.01))
+        fwd = CachedForward(model, [0, 0], 12, r, cache, ExitRule("entropy-diff", 0.01))
         with torch.inference_mode():
-            lg, _ = dec.forward(torch.tensor(prompts))
+            lg, _ = fwd.run(torch.tensor(prompts))
             outs, ns = [lg[:, -1]], []
             for t in range(6):
                 tok = torch.tensor([[10 + t], [20 + t]])  # teacher-forced: both runs see the same tokens
-                lg, n = dec.forward(tok, adaptive=True)
+                lg, n = fwd.run(tok, adaptive=True)
                 outs.append(lg[:, -1])
                 ns.append(n)
         logits[name], loops[name] = torch.stack(outs), torch.stack(ns)
     assert torch.equal(loops["fast"], loops["naive"])
-    assert len(set(loops["fast"].flatten().tolist())) > 1  # rows and tokens exit at different iterations
+    assert len(set(loops["fast"].flatten().tolist())) > 1  # rows and tokens exit at different loops
     assert (logits["fast"] - logits["naive"]).abs().max().item() <= TOL
 
 
@@ -236,7 +236,7 @@ def test_warm_start_uses_previous_final_state():
     model, r = tiny(**CONFIGS["llama_gqa"]), 3
     prompt = [3, 1, 4, 1]
     cache = NaiveSharedCache(r)
-    toks = []
+    toks, s = [], None
     with torch.inference_mode():
         x = torch.tensor([prompt])
         for t in range(6):
@@ -365,7 +365,7 @@ def test_stop_callback_ends_only_its_row():
 
 
 @pytest.mark.parametrize("flag,value", [("--temperature", "-1"), ("--top_p", "1.5"), ("--top_k", "-1"),
-                                        ("--max_new_tokens", "0"), ("--r", "0")])
+                                        ("--max_new_tokens", "0"), ("--r", "0"), ("--exit_min_loops", "0")])
 def test_bad_flags_are_refused_by_name_before_loading(flag, value, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--init", "/nonexistent/model", flag, value])  # the flag is refused first
