@@ -14,7 +14,9 @@ baseline; a shape that adds up to the parent's layers, e.g. 4,8,4 of 16, keeps t
     python surgery.py --export-raven out/llama_4_6_4 out/llama_raven          # the published "raven" format
 
 --init takes a short name (tinyllama, llama, olmo, qwen, smollm2), a hub id, a local directory in
-the hub's layout, or a .gguf file.
+the hub's layout, or a .gguf file; plumbing/parents.py reads it, and families.py is the table of what
+differs between the parent families. The other scripts' --init goes through load_model below, which
+takes our checkpoints and raven ones as well as a parent.
 """
 
 import argparse
@@ -27,129 +29,10 @@ import torch
 from plumbing import checkpoint
 from plumbing.cli import Parser, int_list
 from plumbing.hub import CheckpointError, checkpoint_revision, resolve_checkpoint
+from plumbing.parents import SurgeryError, load_parent
 from model import RecurrentConfig, RecurrentGPT
 
 TOLERANCE = 1e-4  # max abs logit difference allowed by the self-check (fp32)
-
-
-class SurgeryError(Exception):
-    """Bad input to the surgery: the message says what is wrong and how to fix it."""
-
-
-# -----------------------------------------------------------------------------
-# the parent: config and weights, from a hub-layout directory or a GGUF file
-
-BLOCK_TYPES = {"llama": "prenorm", "mistral": "prenorm", "qwen2": "prenorm", "olmo2": "olmo2"}
-
-
-def parent_config(hf):
-    """RecurrentConfig fields from a Hugging Face config.json dict (transformers 4 or 5 layout)."""
-    if hf.get("model_type") not in BLOCK_TYPES:
-        raise SurgeryError(f"unsupported parent model_type {hf.get('model_type')!r}: supported are {sorted(BLOCK_TYPES)}")
-    if hf.get("mlp_bias"):
-        raise SurgeryError("parents with MLP biases are not supported")
-    # transformers 5 moved rope_theta and rope_scaling into one rope_parameters dict
-    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    scaling = None if rope_type == "default" else {k: v for k, v in rope.items() if k != "rope_theta"}
-    n_head = hf["num_attention_heads"]
-    eos = hf.get("eos_token_id")
-    return dict(
-        vocab_size=hf["vocab_size"],
-        n_embd=hf["hidden_size"],
-        n_head=n_head,
-        n_kv_head=hf.get("num_key_value_heads") or n_head,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // n_head,
-        intermediate_size=hf["intermediate_size"],
-        block_size=hf.get("max_position_embeddings", 2048),
-        block_type=BLOCK_TYPES[hf["model_type"]],
-        norm_eps=hf.get("rms_norm_eps", 1e-5),
-        rope_theta=float(theta),
-        rope_scaling=scaling,
-        attn_bias=hf["model_type"] == "qwen2" or bool(hf.get("attention_bias")),
-        qk_norm=hf["model_type"] == "olmo2",
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        bos_id=hf.get("bos_token_id"),
-        eos_id=eos[0] if isinstance(eos, list) else eos,
-    ), hf["num_hidden_layers"]
-
-
-def load_hf_dir(path):
-    """(config fields, n_layers, state dict with Hugging Face names) from a hub-layout directory."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
-        raise SurgeryError(f"{path} has no config.json: pass a checkpoint directory in the Hugging Face layout")
-    with open(cfg_path) as f:
-        fields, n_layers = parent_config(json.load(f))
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        files = ["model.safetensors"]
-    sd = {}
-    for name in files:
-        try:
-            sd.update(load_file(os.path.join(path, name)))
-        except (FileNotFoundError, SafetensorError, OSError) as err:
-            raise SurgeryError(f"cannot read {os.path.join(path, name)} ({err}): download it again") from None
-    return fields, n_layers, {k: v.float() for k, v in sd.items()}
-
-
-GGUF_NAMES = {  # llama.cpp tensor name -> Hugging Face name (inside model.layers.{i}.)
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}  # fmt: skip
-
-
-def load_gguf(path):
-    """(config fields, n_layers, state dict with Hugging Face names) from a llama-architecture GGUF,
-    dequantized to fp32 (reference.md §3)."""
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as err:  # the gguf package raises bare ValueErrors and struct errors on bad files
-        raise SurgeryError(f"cannot read {path} as GGUF ({err}): download it again") from None
-    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
-    if meta.get("general.architecture") != "llama":
-        raise SurgeryError(f"{path}: only llama-architecture GGUF files are supported")
-    n_head, n_kv = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
-    h = meta["llama.embedding_length"]
-    sd = {}
-    for t in reader.tensors:
-        w = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())  # (out, in)
-        parts = t.name.split(".")
-        if parts[0] == "blk":
-            name = f"model.layers.{parts[1]}.{GGUF_NAMES[parts[2]]}.weight"
-            if parts[2] in ("attn_q", "attn_k"):
-                # llama.cpp interleaves each head's rows for its RoPE; undo it for rotate-half
-                n = n_head if parts[2] == "attn_q" else n_kv
-                w = w.reshape(n, w.shape[0] // n // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
-            sd[name] = w
-        else:
-            sd[{"token_embd": "model.embed_tokens.weight", "output_norm": "model.norm.weight",
-                "output": "lm_head.weight"}[parts[0]]] = w  # fmt: skip
-    fields = dict(
-        vocab_size=sd["model.embed_tokens.weight"].shape[0], n_embd=h, n_head=n_head, n_kv_head=n_kv,
-        head_dim=h // n_head, intermediate_size=meta["llama.feed_forward_length"],
-        block_size=meta.get("llama.context_length", 2048), block_type="prenorm",
-        norm_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]),
-        rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
-        tie_embeddings="lm_head.weight" not in sd,
-        bos_id=reader.fields["tokenizer.ggml.bos_token_id"].contents(),
-        eos_id=reader.fields["tokenizer.ggml.eos_token_id"].contents(),
-    )  # fmt: skip
-    return fields, meta["llama.block_count"], sd
-
-
-def load_parent(src):
-    return load_gguf(src) if src.endswith(".gguf") else load_hf_dir(src)
 
 
 # -----------------------------------------------------------------------------
@@ -223,17 +106,24 @@ def build(fields, sd, layers, recurrent=True, untie=False, **overrides):
     return model
 
 
-def retrofit(init, shape=(4, 6, 4), layers=None, static=False, untie=False, **config_overrides):
-    """Resolve `init`, load the parent and cut it. Returns (model, src), src being the local parent path.
-    shape=None keeps every layer (prelude 1, core n-2, coda 1). static=True takes the same layers
-    (the same rule, the same checks) and runs them once: no loop, no adapter."""
-    src = resolve_checkpoint(init)
+def cut(src, shape=(4, 6, 4), layers=None, static=False, untie=False, init=None, **config_overrides):
+    """Load the parent at the local path `src` (a hub-layout dir or a .gguf) and cut it: the layers by
+    `layers` ("0-3,6-11,12-15") or else by `shape`; shape=None keeps every layer (prelude 1, core n-2,
+    coda 1). static=True takes the same layers (the same rule, the same checks) and runs them once: no
+    loop, no adapter. `init` is what the user named, recorded in config.parent."""
     fields, n_layers, sd = load_parent(src)
     shape = shape or (1, n_layers - 2, 1)
     layer_map = parse_layers(layers, n_layers) if layers else select_layers(n_layers, shape)
     model = build(fields, sd, layer_map, recurrent=not static, untie=untie, **config_overrides)
-    model.config.parent = {"init": init, "n_layers": n_layers, **checkpoint_revision(src)}
-    return model, src
+    model.config.parent = {"init": init or src, "n_layers": n_layers, **checkpoint_revision(src)}
+    return model
+
+
+def retrofit(init, shape=(4, 6, 4), layers=None, static=False, untie=False, **config_overrides):
+    """Resolve `init` (plumbing.hub: short name, hub id, hub-layout dir or .gguf), load the parent and cut
+    it (see cut). Returns (model, src), src being the local parent path."""
+    src = resolve_checkpoint(init)
+    return cut(src, shape, layers, static, untie, init=init, **config_overrides), src
 
 
 @torch.no_grad()
@@ -262,21 +152,28 @@ def write_checkpoint(model, src, out_dir):
     save_tokenizer_files(src, out_dir)
 
 
-def load_model(init, device="cpu", **overrides):
-    """What every script's --init goes through: our checkpoint dir, a raven checkpoint (dir or hub id),
-    or a parent retrofitted with all its layers and the identity adapter (equal to the parent at any r).
-    Returns (model, path for load_tokenizer)."""
+def load_model(init, device="cpu", shape=None, layers=None, static=False, untie=False, **config_overrides):
+    """What every script's --init goes through. Returns (model, path for load_tokenizer). In order:
+      1. a directory with a config.json is read as it is; anything else is resolved by plumbing.hub
+         (a short name, a hub id, a .gguf file, a directory holding one .gguf);
+      2. config.json model_type "nanorecur": one of ours (RecurrentGPT.from_pretrained);
+      3. model_type "huginn_raven": a raven checkpoint, Huginn or a published retrofit (plumbing.raven);
+      4. anything else is a parent (hub-layout dir or .gguf), cut by `layers` or `shape`, `static` and
+         `untie` as in retrofit. shape=None keeps every layer, and with the default identity adapter
+         the model equals the parent at any r.
+    shape, layers, static and untie describe a cut and apply to parents only: a checkpoint of cases 2
+    and 3 is cut already. config_overrides replace config fields in every case (state_init="zero", ...)."""
     src = init if os.path.isfile(os.path.join(init, "config.json")) else resolve_checkpoint(init)
     if os.path.isdir(src):
         with open(os.path.join(src, "config.json")) as f:
             model_type = json.load(f).get("model_type")
         if model_type == "nanorecur":
-            return RecurrentGPT.from_pretrained(src, device=device, **overrides), src
+            return RecurrentGPT.from_pretrained(src, device=device, **config_overrides), src
         if model_type == "huginn_raven":
             from plumbing.raven import load_raven
 
-            return load_raven(src, device=device, **overrides), src
-    model, src = retrofit(src, shape=None, **overrides)
+            return load_raven(src, device=device, **config_overrides), src
+    model = cut(src, shape, layers, static, untie, init=init, **config_overrides)
     return model.to(device), src
 
 

@@ -14,8 +14,9 @@ math, which lives in two different modeling files:
   GQA, e = wte * init_values.embed_scale (1.0), ln_f once after the coda, untied lm_head.
 
 The variant is told by the tensors (norm_3 present = Huginn), never by `block_class_name`, which is
-"SandwichBlock" in both. Everything is mapped explicitly by the tables below; what RecurrentGPT cannot
-express is refused with one line (RavenError), never approximated.
+"SandwichBlock" in both. The two variants are the families "huginn" and "llama" of families.FAMILIES,
+which says what differs between them; the names are mapped explicitly by the tables below. What
+RecurrentGPT cannot express is refused with one line (RavenError), never approximated.
 
     python -m plumbing.raven --load ../shared/fixtures/huginn_tiny          # print the mapped config
     python -m plumbing.raven --export out/smollm2 out/smollm2-raven         # same as surgery.py --export-raven
@@ -35,6 +36,7 @@ import sys
 
 import torch
 
+from families import FAMILIES, RAVEN_EXPORT, RAVEN_VARIANTS
 from model import RecurrentConfig, RecurrentGPT, write_json_atomic
 from plumbing.tokenizer import TOKENIZER_FILES
 
@@ -135,7 +137,8 @@ def raven_variant(cfg, sd):
 
 
 def config_from_raven(cfg, variant, source=None, **overrides):
-    """RecurrentConfig for a raven config.json (the table above)."""
+    """RecurrentConfig for a raven config.json (the table above; the variant's family in families.py)."""
+    family = FAMILIES[RAVEN_VARIANTS[variant]]
     need = lambda key: cfg[key] if key in cfg else _missing(key)
     h, nh = need("n_embd"), need("n_heads")
     nkv = cfg.get("num_key_value_heads", nh)
@@ -151,27 +154,28 @@ def config_from_raven(cfg, variant, source=None, **overrides):
         head_dim=h // nh, intermediate_size=need("intermediate_size"), norm_eps=need("norm_eps"),
         n_prelude=need("n_layers_in_prelude"), n_core=need("n_layers_in_recurrent_block"),
         n_coda=need("n_layers_in_coda"), mean_recurrence=need("mean_recurrence"),
-        tie_embeddings=need("tie_embeddings"), attn_bias=need("qk_bias"), qk_norm=False,
+        tie_embeddings=need("tie_embeddings"), attn_bias=need("qk_bias"), qk_norm=family["qk_norm"],
+        block_type=family["block_type"], norm_before_coda=family["norm_before_coda"],
         recurrent=True, adapter_init="random",
         state_init="zero" if std == 0 else "normal", state_std=std,
         bos_id=cfg.get("bos_token_id") if isinstance(cfg.get("bos_token_id"), int) else None,
         eos_id=cfg.get("eos_token_id") if isinstance(cfg.get("eos_token_id"), int) else None,
     )
-    if variant == "huginn":
-        if nkv != nh:
-            raise RavenError(f"Huginn raven checkpoint with num_key_value_heads={nkv} != n_heads={nh}: its attention has no GQA")
+    if not family["gqa"] and nkv != nh:
+        raise RavenError(f"Huginn raven checkpoint with num_key_value_heads={nkv} != n_heads={nh}: its attention has no GQA")
+    if family["scale_embedding"]:
         scale = math.sqrt(h)  # the Huginn code computes sqrt(n_embd); init_values.embed_scale must agree
         if not math.isclose(cfg["init_values"].get("embed_scale", scale), scale, rel_tol=1e-6):
             raise RavenError(f"Huginn raven checkpoint with init_values.embed_scale != sqrt(n_embd) = {scale}: ambiguous scale")
-        variant_fields = dict(block_type="sandwich", rope_theta=float(need("rope_base")), rope_scaling=None,
-                              norm_before_coda=True, block_size=need("block_size"))
     else:
         scale = float(cfg["init_values"].get("embed_scale", 1.0))
+    if variant == "huginn":  # where the two modeling files keep the RoPE base and the context length
+        variant_fields = dict(rope_theta=float(need("rope_base")), rope_scaling=None, block_size=need("block_size"))
+    else:
         rs = cfg.get("rope_scaling")
         if rs:  # old configs say "type"; HF reads rope_type first
             rs = {**{k: v for k, v in rs.items() if k != "type"}, "rope_type": rs.get("rope_type", rs.get("type"))}
-        variant_fields = dict(block_type="prenorm", rope_theta=float(cfg["rope_theta"]), rope_scaling=rs or None,
-                              norm_before_coda=False,
+        variant_fields = dict(rope_theta=float(cfg["rope_theta"]), rope_scaling=rs or None,
                               block_size=cfg.get("max_position_embeddings", cfg.get("block_size", 2048)))
     fields = {**common, **variant_fields, "embed_scale": scale,
               "parent": {"format": "raven", "variant": variant, "source": source}}
@@ -194,8 +198,9 @@ def state_dict_from_raven(sd, config, variant):
     c, out = config, {}
     sd.pop("freqs_cis", None)  # Huginn's RoPE table: derived data, recomputed by the model
     H, KV, hd, I = c.n_head, c.n_kv_head, c.head_dim, c.intermediate_size
-    perm = interleave_perm(hd) if variant == "huginn" else None
-    norms = list(RAVEN_NORMS) if variant == "huginn" else ["norm_1", "norm_2"]
+    family = FAMILIES[RAVEN_VARIANTS[variant]]
+    perm = interleave_perm(hd) if family["rope"] == "interleaved" else None
+    norms = [rn for rn, ours in RAVEN_NORMS.items() if ours in family["norms"]]  # Huginn 4, retrofit norm_1, norm_2
 
     def take(key):  # popped, so a fused tensor is freed once its pieces are copied out
         if key not in sd:
@@ -267,8 +272,9 @@ def load_raven(path, device="cpu", **overrides):
 
 
 def check_exportable(c):
-    """The variant for this config, or a one-line RavenError saying what the format cannot express."""
-    if c.qk_norm or c.block_type == "olmo2":
+    """The variant for this config, or a one-line RavenError saying what the format cannot express
+    (the variant's family in families.FAMILIES says what it holds)."""
+    if c.qk_norm or c.block_type not in RAVEN_EXPORT:
         raise RavenError("cannot export: OLMo-2 blocks (qk_norm, norm on the branch output) have no raven variant")
     if not c.recurrent:
         raise RavenError("cannot export: a static-depth model has no adapter, the raven format needs a recurrent core")
@@ -276,28 +282,28 @@ def check_exportable(c):
         raise RavenError(f"cannot export: n_head*head_dim={c.n_head * c.head_dim} != n_embd={c.n_embd} (raven derives head_dim)")
     if c.state_init == "embed":
         raise RavenError("cannot export: state_init='embed' (s_0 = e) has no raven equivalent (normal or zero only)")
-    if c.block_type == "sandwich":
-        if c.n_kv_head != c.n_head:
-            raise RavenError(f"cannot export: GQA (n_kv_head={c.n_kv_head} != n_head={c.n_head}) in a sandwich model; Huginn's attention has no GQA")
-        if not c.norm_before_coda:
-            raise RavenError("cannot export: a sandwich model without norm_before_coda; Huginn always applies ln_f before the coda")
-        if c.rope_scaling:
-            raise RavenError("cannot export: rope_scaling in a sandwich model; Huginn's RoPE has no scaling")
-        if not math.isclose(c.embed_scale, math.sqrt(c.n_embd), rel_tol=1e-6):
-            raise RavenError(f"cannot export: embed_scale={c.embed_scale}, but Huginn's code multiplies by sqrt(n_embd)={math.sqrt(c.n_embd):g}")
-        return "huginn"
-    if c.norm_before_coda:
+    variant = RAVEN_EXPORT[c.block_type]  # sandwich -> huginn, prenorm -> retrofit
+    family = FAMILIES[RAVEN_VARIANTS[variant]]  # what the variant's modeling code hard-wires
+    if not family["gqa"] and c.n_kv_head != c.n_head:
+        raise RavenError(f"cannot export: GQA (n_kv_head={c.n_kv_head} != n_head={c.n_head}) in a sandwich model; Huginn's attention has no GQA")
+    if family["norm_before_coda"] and not c.norm_before_coda:
+        raise RavenError("cannot export: a sandwich model without norm_before_coda; Huginn always applies ln_f before the coda")
+    if not family["rope_scaling"] and c.rope_scaling:
+        raise RavenError("cannot export: rope_scaling in a sandwich model; Huginn's RoPE has no scaling")
+    if family["scale_embedding"] and not math.isclose(c.embed_scale, math.sqrt(c.n_embd), rel_tol=1e-6):
+        raise RavenError(f"cannot export: embed_scale={c.embed_scale}, but Huginn's code multiplies by sqrt(n_embd)={math.sqrt(c.n_embd):g}")
+    if not family["norm_before_coda"] and c.norm_before_coda:
         raise RavenError("cannot export: norm_before_coda in a pre-norm model; the retrofit code applies ln_f once, after the coda")
-    if c.attn_bias and c.n_kv_head != c.n_head:
+    if variant == "retrofit" and c.attn_bias and c.n_kv_head != c.n_head:
         raise RavenError("cannot export: q/k bias with GQA; the retrofit code's qk_bias has one bias per query head")
-    return "retrofit"
+    return variant
 
 
 def raven_state_dict(model, variant):
     """The raven tensors of our model (inverse of state_dict_from_raven)."""
     c, sd = model.config, {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     H, KV, hd = c.n_head, c.n_kv_head, c.head_dim
-    inv = torch.argsort(interleave_perm(hd)) if variant == "huginn" else None
+    inv = torch.argsort(interleave_perm(hd)) if FAMILIES[RAVEN_VARIANTS[variant]]["rope"] == "interleaved" else None
     out = {}
     for raven_part, ours in RAVEN_PARTS.items():
         for i in range(len(getattr(model, ours))):

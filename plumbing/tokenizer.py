@@ -4,7 +4,8 @@ The parents' tokenizers, re-implemented on tiktoken and checked token-for-token 
 A retrofitted model (McLeish et al. 2025, arXiv 2511.07384) keeps its parent's embedding and unembedding, so it
 must see exactly the token ids the parent was trained on. Every Llama-3-era parent uses byte-level BPE:
   - Llama-3.2 (original/tokenizer.model is a tiktoken file; tokenizer.json is the same vocabulary),
-  - OLMo-2, Qwen2.5, SmolLM2 (tokenizer.json), and the offline SmolLM2 GGUF (vocabulary stored in the GGUF).
+  - OLMo-2, Qwen2.5, SmolLM2 (tokenizer.json), and the offline SmolLM2 GGUF (vocabulary stored in the GGUF,
+    read by plumbing/gguf.py).
 tiktoken runs all of them: mergeable ranks derived from the merges list, the pre-tokenizer regex converted from
 the tokenizer.json description. TinyLlama (the Llama-2 vocabulary) is SentencePiece BPE with byte fallback, which
 tiktoken cannot express: that family alone goes through the sentencepiece package.
@@ -18,15 +19,15 @@ Usage:
     save_tokenizer_files(src, out_dir)         # hub dir -> copies files; .gguf -> writes tokenizer.json & co
 
 CPU one-liner (prints ids for a string with the offline SmolLM2 tokenizer):
-    python tokenizer.py --path=$(python -m plumbing.hub smollm2) --text="Hello world 123"
+    python -m plumbing.tokenizer --path=$(python -m plumbing.hub smollm2) --text="Hello world 123"
 Tests: python -m pytest -q tests/test_tokenizer.py
 """
 
 import argparse
 import base64
+import functools
 import hashlib
 import json
-import os
 import re
 import shutil
 import sys
@@ -35,6 +36,8 @@ from datetime import datetime
 from pathlib import Path
 
 import tiktoken
+
+from plumbing import gguf
 
 # -----------------------------------------------------------------------------
 # pre-tokenizer regexes
@@ -125,19 +128,11 @@ def _normalize_fn(norm):
     """tokenizer.json normalizer -> str -> str (Qwen2 uses NFC; most parents have none)."""
     if norm is None:
         return None
-    steps = norm["normalizers"] if norm["type"] == "Sequence" else [norm]
-    forms = []
-    for s in steps:
-        if s["type"] not in ("NFC", "NFD", "NFKC", "NFKD"):
-            raise ValueError(f"unsupported normalizer {s['type']}")
-        forms.append(s["type"])
-    return lambda text: _apply_forms(text, forms)
-
-
-def _apply_forms(text, forms):
+    forms = [s["type"] for s in (norm["normalizers"] if norm["type"] == "Sequence" else [norm])]
     for f in forms:
-        text = unicodedata.normalize(f, text)
-    return text
+        if f not in ("NFC", "NFD", "NFKC", "NFKD"):
+            raise ValueError(f"unsupported normalizer {f}")
+    return lambda text: functools.reduce(lambda t, f: unicodedata.normalize(f, t), forms, text)
 
 
 # -----------------------------------------------------------------------------
@@ -166,6 +161,22 @@ def render_chat_template(template, messages, add_generation_prompt=True, **varia
 class _Base:
     chat_template = None
     special_strings = {}
+
+    @staticmethod
+    def _split_encode(text, special_re, special_id, encode):
+        """Matches of special_re become the single token special_id(match); the stretches between them are
+        encoded on their own by encode(stretch), as the reference tokenizers do."""
+        if special_re is None:
+            return encode(text)
+        ids, start = [], 0
+        for m in special_re.finditer(text):
+            if m.start() > start:
+                ids += encode(text[start:m.start()])
+            ids.append(special_id(m.group()))
+            start = m.end()
+        if start < len(text):
+            ids += encode(text[start:])
+        return ids
 
     def apply_chat_template(self, messages, add_generation_prompt=True, **kwargs):
         if not self.chat_template:
@@ -248,17 +259,8 @@ class BPETokenizer(_Base):
 
     def encode(self, text):
         """Text -> ids. No BOS; added/special token strings in the text are encoded as those tokens."""
-        if self._added_re is None:
-            return self._encode_ordinary(text)
-        ids, start = [], 0
-        for m in self._added_re.finditer(text):
-            if m.start() > start:
-                ids += self._encode_ordinary(text[start:m.start()])
-            ids.append(self.added[m.group()] if m.group() in self.added else self.added[m.group().strip()])
-            start = m.end()
-        if start < len(text):
-            ids += self._encode_ordinary(text[start:])
-        return ids
+        added = lambda t: self.added[t] if t in self.added else self.added[t.strip()]  # lstrip/rstrip ate spaces
+        return self._split_encode(text, self._added_re, added, self._encode_ordinary)
 
     def decode(self, ids):
         return b"".join(self._id_bytes[i] for i in ids).decode("utf-8", errors="replace")
@@ -359,80 +361,11 @@ def bpe_from_tiktoken_file(path, cfg=None, chat_dir=None):
 
 
 # -----------------------------------------------------------------------------
-# GGUF: the vocabulary, merges and chat template live in the file's metadata
-
-def read_gguf_metadata(path):
-    """The key/value header of a GGUF file as a dict (arrays as lists). A direct parse of the documented layout:
-    gguf.GGUFReader gives the same values but takes seconds on a 49k-token vocabulary, this takes ~0.1 s."""
-    import struct
-    scalar = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-    with open(path, "rb") as f:
-        magic, version, _, n_kv = struct.unpack("<4sIQQ", f.read(24))
-        if magic != b"GGUF" or version not in (2, 3):
-            raise ValueError(f"{path}: not a little-endian GGUF v2/v3 file")
-        buf = f.read(64 << 20)  # metadata comes first and is far smaller than this
-    pos = 0
-
-    def read(fmt):
-        nonlocal pos
-        v = struct.unpack_from(fmt, buf, pos)[0]
-        pos += struct.calcsize(fmt)
-        return v
-
-    def string():
-        nonlocal pos
-        n = read("<Q")
-        pos += n
-        return buf[pos - n:pos].decode("utf-8")
-
-    def value(t):
-        if t == 8:
-            return string()
-        if t == 9:
-            et, n = read("<I"), read("<Q")
-            return [value(et) for _ in range(n)]
-        return read(scalar[t])
-
-    meta = {}
-    for _ in range(n_kv):
-        key = string()
-        meta[key] = value(read("<I"))
-    return meta
-
+# GGUF: the vocabulary, merges and chat template live in the file's metadata (read by plumbing/gguf.py)
 
 def gguf_tokenizer_files(path):
     """-> (tokenizer.json dict, tokenizer_config.json dict) equivalent to the GGUF's tokenizer."""
-    meta = read_gguf_metadata(path)
-    field = lambda key, default=None: meta.get(key, default)
-
-    if field("tokenizer.ggml.model") != "gpt2":
-        raise ValueError(f"{path}: tokenizer.ggml.model={field('tokenizer.ggml.model')!r}, only byte-level BPE "
-                         "(gpt2) GGUF vocabularies are supported")
-    pre = field("tokenizer.ggml.pre", "default")
-    if pre not in GGUF_PRETOKENIZERS:
-        raise ValueError(f"{path}: GGUF pre-tokenizer {pre!r} is not in GGUF_PRETOKENIZERS "
-                         f"({', '.join(GGUF_PRETOKENIZERS)})")
-    tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type")
-    merges = [m.split(" ") for m in field("tokenizer.ggml.merges")]
-    # token types (llama.cpp): 3 = control (special), 4 = user-defined; both are matched as whole strings
-    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-              "special": types[i] == 3} for i, t in enumerate(tokens) if types[i] in (3, 4)]
-    tj = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
-          "pre_tokenizer": GGUF_PRETOKENIZERS[pre], "post_processor": None,
-          "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-          "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                    "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                    "vocab": {t: i for i, t in enumerate(tokens)}, "merges": merges}}
-    cfg = {"add_bos_token": bool(field("tokenizer.ggml.add_bos_token", False)), "add_eos_token": False,
-           "clean_up_tokenization_spaces": False, "tokenizer_class": "PreTrainedTokenizerFast",
-           "model_max_length": field(f"{field('general.architecture')}.context_length", 2048)}
-    for key in ("bos", "eos", "unknown", "padding"):
-        i = field(f"tokenizer.ggml.{key}_token_id")
-        if i is not None:
-            cfg[{"unknown": "unk", "padding": "pad"}.get(key, key) + "_token"] = tokens[i]
-    if field("tokenizer.chat_template"):
-        cfg["chat_template"] = field("tokenizer.chat_template")
-    return tj, cfg
+    return gguf.tokenizer_files(path, GGUF_PRETOKENIZERS)
 
 
 # -----------------------------------------------------------------------------
@@ -467,17 +400,7 @@ class SentencePieceTokenizer(_Base):
         return i
 
     def encode(self, text):
-        if self._control_re is None:
-            return self.sp.encode(text)
-        ids, start = [], 0
-        for m in self._control_re.finditer(text):
-            if m.start() > start:
-                ids += self.sp.encode(text[start:m.start()])
-            ids.append(self._control[m.group()])
-            start = m.end()
-        if start < len(text):
-            ids += self.sp.encode(text[start:])
-        return ids
+        return self._split_encode(text, self._control_re, self._control.__getitem__, self.sp.encode)
 
     def decode(self, ids):
         # like the hub tokenizer's decoder: "▁" -> " ", runs of <0xNN> -> bytes, control tokens as their text,
@@ -582,15 +505,7 @@ def save_tokenizer_files(src, out_dir):
     out.mkdir(parents=True, exist_ok=True)
     written = []
     if src.is_file() and src.suffix == ".gguf":
-        tj, cfg = gguf_tokenizer_files(src)
-        stm = {k: cfg[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token") if k in cfg}
-        for name, obj in [("tokenizer.json", tj), ("tokenizer_config.json", cfg), ("special_tokens_map.json", stm)]:
-            tmp = out / (name + ".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(obj, f, ensure_ascii=False, indent=1 if name != "tokenizer.json" else None)
-            os.replace(tmp, out / name)
-            written.append(str(out / name))
-        return written
+        return gguf.write_tokenizer_files(src, out, GGUF_PRETOKENIZERS)
     if not src.is_dir():
         raise FileNotFoundError(f"{src} is neither a checkpoint dir nor a .gguf file")
     for name in TOKENIZER_FILES:

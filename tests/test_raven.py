@@ -227,6 +227,9 @@ REFUSED = [  # (kind, overrides, words of the one-line error)
     ("prenorm", dict(recurrent=False), "static-depth"),
     ("prenorm", dict(state_init="embed"), "state_init='embed'"),
     ("prenorm", dict(n_kv_head=4, attn_bias=True), "v_proj.bias"),  # made nonzero below
+    ("sandwich", dict(rope_scaling=LLAMA3_ROPE), "Huginn's RoPE has no scaling"),
+    ("prenorm", dict(norm_before_coda=True), "norm_before_coda in a pre-norm model"),
+    ("prenorm", dict(attn_bias=True), "q/k bias with GQA"),  # n_kv_head=2 < n_head=4
 ]
 
 

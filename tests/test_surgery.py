@@ -19,7 +19,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from model import RecurrentGPT  # noqa: E402
-from surgery import SurgeryError, parse_layers, retrofit, select_layers  # noqa: E402
+from surgery import SurgeryError, load_model, parse_layers, retrofit, select_layers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-4
@@ -109,8 +109,56 @@ def test_dropped_layers_equal_pruned_parent(parent):
     assert (logits - ref).abs().max().item() <= TOL, family
 
 
+def test_families_table_decides_the_parent_config():
+    # families.FAMILIES is the one place the layouts differ; parent_config must read it, not decide itself
+    from families import FAMILIES, HF_MODEL_TYPES
+    from plumbing.parents import parent_config
+
+    base = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4)
+    for model_type, name in HF_MODEL_TYPES.items():
+        fields, n_layers = parent_config({**base, "model_type": model_type})
+        f = FAMILIES[name]
+        assert (fields["block_type"], fields["attn_bias"], fields["qk_norm"]) == (f["block_type"], f["attn_bias"], f["qk_norm"])
+        assert n_layers == 6 and fields["head_dim"] == 16
+    assert parent_config({**base, "model_type": "llama", "attention_bias": True})[0]["attn_bias"]
+    with pytest.raises(SurgeryError, match=r"unsupported parent model_type 'gpt2': supported are \['llama', 'mistral', 'olmo2', 'qwen2'\]"):
+        parent_config({**base, "model_type": "gpt2"})
+    with pytest.raises(SurgeryError, match="MLP biases"):
+        parent_config({**base, "model_type": "llama", "mlp_bias": True})
+
+
+def test_load_model_decides_what_init_is(tmp_path):
+    from plumbing.hub import CheckpointError
+
+    hf = make_parent("qwen25", tmp_path / "parent")
+    parent = str(tmp_path / "parent")
+    idx = torch.randint(0, 320, (1, 24), generator=torch.Generator().manual_seed(4))
+    ref = hf(idx).logits
+    # a parent, shape=None: every layer, identity adapter, equal to the parent at any r
+    model, tok_path = load_model(parent)
+    assert tok_path == parent and model.config.layers == {"prelude": [0], "core": [1, 2, 3, 4], "coda": [5]}
+    assert model.config.parent["init"] == parent
+    for r in (1, 3):
+        assert (model.eval()(idx, num_steps=r)[0] - ref).abs().max().item() <= TOL
+    # a parent cut as retrofit cuts it, with the config overrides passed on
+    model, _ = load_model(parent, shape=(1, 2, 1), untie=True, adapter_init="sum", mean_recurrence=3, state_init="zero")
+    cut, _ = retrofit(parent, shape=(1, 2, 1), untie=True, adapter_init="sum", mean_recurrence=3, state_init="zero")
+    assert model.config == cut.config and not model.config.tie_embeddings and model.config.mean_recurrence == 3
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), cut.state_dict().values()))
+    model, _ = load_model(parent, layers="0-0,2-3,5-5", static=True)
+    assert not model.config.recurrent and model.config.layers == {"prelude": [0], "core": [2, 3], "coda": [5]}
+    # one of ours: read as it is (the cut arguments describe a parent), overrides applied
+    cut.save_pretrained(str(tmp_path / "ours"))
+    model, tok_path = load_model(str(tmp_path / "ours"), shape=(2, 2, 2), state_init="normal")
+    assert tok_path == str(tmp_path / "ours") and model.config.layers == cut.config.layers
+    assert model.config.state_init == "normal" and model.config.adapter_init == "sum"
+    with pytest.raises(CheckpointError, match="no such file or directory") as err:
+        load_model(str(tmp_path / "nowhere"))
+    assert "\n" not in str(err.value)
+
+
 def test_published_layer_maps():
-    # reference.md §1: TinyLlama (22) 4,8,4; Llama-3.2 (16) 4,6,4 and 2,4,2; OLMo-2 (16) 4,6,4
+    # the published retrofits (McLeish et al. 2025): TinyLlama (22) 4,8,4; Llama-3.2 (16) 4,6,4 and 2,4,2; OLMo-2 (16) 4,6,4
     assert select_layers(22, (4, 8, 4)) == {"prelude": [0, 1, 2, 3], "core": list(range(10, 18)), "coda": [18, 19, 20, 21]}
     assert select_layers(16, (4, 6, 4)) == {"prelude": [0, 1, 2, 3], "core": list(range(6, 12)), "coda": [12, 13, 14, 15]}
     assert select_layers(16, (2, 4, 2)) == {"prelude": [0, 1], "core": [10, 11, 12, 13], "coda": [14, 15]}
