@@ -36,7 +36,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from plumbing.cli import THREADS_HELP, Parser, at_least, default_threads, int_list, os_error, ready_out_dir, str2bool
 from plumbing.tokenizer import prompt_ids
@@ -66,29 +65,24 @@ class AnalyzeError(Exception):
 
 @torch.no_grad()
 def record_trajectory(model, idx, r, seed=0, readout=True):
-    """Run r iterations on idx (1, T). Returns a dict with states (r+1, T, h) float64 (s_0 first) and,
-    when readout, per-iteration next-token statistics: kl (r-1, T) = KL(p_i || p_{i+1}) for i = 1..r-1,
-    argmax (r, T), and the final log-probs (T, V). Without readout only the final log-probs."""
+    """Run r loops on idx (1, T) through model.forward, s_0 drawn from a generator seeded by `seed`. Returns
+    a dict with states (r+1, T, h) float64 (s_0 first) and, when readout, the next-token statistics of every
+    loop's readout: kl (r-1, T) = KL(p_i || p_{i+1}) for i = 1..r-1, argmax (r, T); and the final log-probs
+    (T, V). Without readout the coda runs once, after the last loop."""
     T = idx.shape[1]
-    rope = model.rope(torch.arange(T, device=idx.device))
-    e = model.run_prelude(idx, rope)
-    gen = torch.Generator(device=idx.device).manual_seed(seed)
-    s = model.init_state(e, generator=gen)
-    states, kl, argmax, prev = [s[0].double()], [], [], None
-    for step in tqdm(range(r), desc=f"seed {seed}", leave=False, disable=r < 16):
-        s = model.iterate(s, e, rope, step)
-        states.append(s[0].double())
-        if readout or step == r - 1:
-            logp = F.log_softmax(model.readout(s, rope)[0].double(), dim=-1)  # (T, V)
-            argmax.append(logp.argmax(-1))
-            if prev is not None:  # KL(prev || cur), the direction of Huginn's kl exit rule
-                kl.append((prev.exp() * (prev - logp)).sum(-1).clamp_min(0.0))
-            prev = logp
-    out = {"states": torch.stack(states).cpu(), "logp": prev.cpu()}
+    out = model(idx, num_steps=r, seeds=torch.tensor([seed]), return_states=True, return_loop_logits=readout)
+    kl, argmax, prev = [], [], None
+    for logits in out.loop_logits if readout else [out.logits]:  # (1, T, V) after loops 1..r, or after r
+        logp = F.log_softmax(logits[0].double(), dim=-1)  # (T, V)
+        argmax.append(logp.argmax(-1))
+        if prev is not None:  # KL(prev || cur), the direction of Huginn's kl exit rule
+            kl.append((prev.exp() * (prev - logp)).sum(-1).clamp_min(0.0))
+        prev = logp
+    res = {"states": torch.stack([s[0].double() for s in out.states]).cpu(), "logp": prev.cpu()}
     if readout:
-        out["kl"] = torch.stack(kl).cpu() if kl else torch.zeros(0, T, dtype=torch.float64)
-        out["argmax"] = torch.stack(argmax).cpu()
-    return out
+        res["kl"] = torch.stack(kl).cpu() if kl else torch.zeros(0, T, dtype=torch.float64)
+        res["argmax"] = torch.stack(argmax).cpu()
+    return res
 
 
 def latent_diff(states):

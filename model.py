@@ -209,6 +209,24 @@ class RecurrentConfig:
             raise ValueError(f"n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
 
 
+@dataclass
+class Trajectory:
+    """What forward returns when asked for more than (logits, loss) (analyze.py): the states s_0 .. s_r, each
+    (B, T, h) (return_states), and the readouts after the grad loops, the last one being logits
+    (return_loop_logits); the field not asked for is None."""
+
+    logits: torch.Tensor
+    loss: torch.Tensor | None
+    states: list | None
+    loop_logits: list | None
+
+
+def loop_loss(logits, labels):
+    """Mean cross-entropy over the labels a loop can reach; 0, not NaN, when it reaches none."""
+    ce = F.cross_entropy(logits.view(-1, logits.size(-1)), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    return ce / (labels != IGNORE_INDEX).sum().clamp(min=1)
+
+
 class RecurrentGPT(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -249,7 +267,7 @@ class RecurrentGPT(nn.Module):
         else:
             self.adapter.reset_parameters()
 
-    # --- the pieces of the forward pass (sample.py, analyze.py and train.py compose them too)
+    # --- the pieces of the forward pass (forward composes them; so does sample.py's CachedForward)
 
     def rope(self, position_ids):
         """(cos, sin), each (B or 1, T, hd), for integer positions (B, T) or (T,). Same float32 ops as HF."""
@@ -277,7 +295,7 @@ class RecurrentGPT(nn.Module):
             return e.clone()
         std = c.state_std if c.state_std is not None else math.sqrt(2 / (5 * c.n_embd))
         s = torch.empty_like(e, dtype=torch.float32)
-        # a fresh draw every forward pass (reference.md §1); truncated at +-3 std
+        # a fresh draw every forward pass (Huginn, arXiv 2502.05171); truncated at +-3 std
         draw = lambda t, g: nn.init.trunc_normal_(t, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=g)
         if seeds is None:
             draw(s, generator)
@@ -304,7 +322,7 @@ class RecurrentGPT(nn.Module):
         return self.lm_head(x if positions is None else x[positions]).float()
 
     def split_loops(self, num_steps):
-        """num_steps (int r, a pair (n, k), or None) -> (n iterations without grad, k with grad)."""
+        """num_steps (int r, a pair (n, k), or None) -> (n loops without grad, k with grad)."""
         if not self.config.recurrent:
             return 0, 1
         if num_steps is None:
@@ -314,22 +332,56 @@ class RecurrentGPT(nn.Module):
             raise ValueError(f"num_steps must give at least one iteration, got {num_steps}")
         return n, k
 
-    def forward(self, idx, targets=None, num_steps=None):
-        n_nograd, k_grad = self.split_loops(num_steps)
+    def forward(self, idx, targets=None, num_steps=None, *, seeds=None, depths=None, depth_weight=0.0,
+                labeled_only=False, return_states=False, return_loop_logits=False):
+        """The one forward of training, evaluation and analysis; sample.py's CachedForward, the decoder with a
+        KV cache, is the one other loop. idx, targets (B, T); num_steps r or (n without grad, k with grad).
+        Returns (logits (B, T, V), loss), or a Trajectory when return_states / return_loop_logits ask for
+        the states s_0..s_r / the readouts after the grad loops. Keywords of training (train.py):
+          seeds (B,)        s_0 of row b from its own generator (init_state), the same at any world size
+          labeled_only      the head only where targets carry a label: logits (N, V) at targets != -1
+                            (exact: the coda still sees every position; a parent's 49k-vocabulary head is the
+                            cost saved)
+          depths (B, T)     the task depth of each position's label: with depth_weight w > 0 the coda also
+                            reads out after every grad loop i < r, trained on the labels of depth <= i
+                            (per-loop supervision, arXiv 2608.11233); loss = (L_r + w sum_i L_i) / (1 + w (k-1))"""
+        n, k = self.split_loops(num_steps)
         rope = self.rope(torch.arange(idx.shape[1], device=idx.device))
+        at = targets != IGNORE_INDEX if labeled_only else None  # (B, T) where the head reads out, or everywhere
+        flat = lambda t: t[at] if labeled_only else t.reshape(-1)  # the labels of the positions read out
+        supervise = depths is not None and depth_weight > 0
+        # 1. embedding + prelude, once: e (B, T, h) is injected again in every loop
         e = self.run_prelude(idx, rope)
-        s = self.init_state(e)
-        # truncated backprop through depth: the first n iterations keep no activations; the prelude
-        # still gets gradient through e, which is injected again in every grad iteration
+        # 2. the initial state s_0 (B, T, h), drawn afresh every forward pass
+        s = self.init_state(e, seeds=seeds)
+        states, loop_logits, loop_losses = [s] if return_states else None, [], []  # kept only when asked
+        # 3. truncated backprop through the loops (McLeish et al., arXiv 2511.07384): the first n keep no
+        # activations; the prelude still gets gradient through e, which every grad loop injects again
         with torch.no_grad():
-            for step in range(n_nograd):
-                s = self.iterate(s, e, rope, step)
-        for step in range(n_nograd, n_nograd + k_grad):
-            s = self.iterate(s, e, rope, step)
-        logits = self.readout(s, rope)
+            for i in range(n):
+                s = self.iterate(s, e, rope, i)
+                if return_states:
+                    states.append(s)
+        # 4. the last k loops, with gradient; after each but the last the coda reads out when asked
+        for i in range(n, n + k):
+            s = self.iterate(s, e, rope, i)
+            if return_states:
+                states.append(s)
+            if (supervise or return_loop_logits) and i < n + k - 1:
+                logits = self.readout(s, rope, positions=at)  # (B, T, V) or (N, V)
+                if return_loop_logits:
+                    loop_logits.append(logits)
+                if supervise:  # after loop i + 1: the labels of depth <= i + 1
+                    loop_losses.append(loop_loss(logits, flat(targets.masked_fill(depths > i + 1, IGNORE_INDEX))))
+        # 5. coda, final norm, head; the loss (the outcome loss, and the per-loop losses with weight w)
+        logits = self.readout(s, rope, positions=at)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), flat(targets), ignore_index=IGNORE_INDEX)
+            if loop_losses:
+                loss = (loss + depth_weight * sum(loop_losses)) / (1 + depth_weight * len(loop_losses))
+        if return_states or return_loop_logits:
+            return Trajectory(logits, loss, states, loop_logits + [logits] if return_loop_logits else None)
         return logits, loss
 
     # --- accounting

@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_train import smollm2_config  # noqa: E402
 from model import IGNORE_INDEX, RecurrentGPT  # noqa: E402
 from muon import Muon  # noqa: E402
-from train import LoopLoss  # noqa: E402
 
 
 def depth_rows(B, train_k, test_k, vocab, seed=0):
@@ -76,7 +75,7 @@ def main():
         model.config.state_init = "zero"  # the same forward in every variant, so the losses compare
         x, y = depth_rows(args.batch, args.train_k, args.test_k, model.config.vocab_size)
         xc, yc = x[:, :args.train_k + 1], y[:, :args.train_k + 1]
-        loop_loss, losses = LoopLoss(model), {}
+        losses = {}
 
         def run(name, fn):
             def step():
@@ -89,7 +88,7 @@ def main():
         full = run("full", lambda: model(x, y, num_steps=args.r)[1])
         cut = run("cut", lambda: F.cross_entropy(model(xc, num_steps=args.r)[0].flatten(0, 1), yc.flatten(),
                                                  ignore_index=IGNORE_INDEX))
-        head = run("cut+head", lambda: loop_loss(xc, yc, args.r))
+        head = run("cut+head", lambda: model(xc, yc, num_steps=args.r, labeled_only=True)[1])  # as train.py
         matrices = [p for n, p in model.named_parameters()
                     if p.ndim == 2 and n.startswith(("prelude.", "core.", "coda.", "adapter."))]
         opt = Muon(matrices, lr=1e-9)  # a tiny lr: timing only, the weights barely move

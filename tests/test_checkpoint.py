@@ -166,8 +166,8 @@ def test_disk_full_during_training_is_one_line(depth_dir, tmp_path):
 
 def test_second_process_on_one_out_dir_refuses(depth_dir, tmp_path):
     out = tmp_path / "shared"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, checkpoint; f = checkpoint.lock(sys.argv[1]); "
-                               "print('locked', flush=True); time.sleep(600)", str(out)],
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from plumbing import checkpoint; "
+                               "f = checkpoint.lock(sys.argv[1]); print('locked', flush=True); time.sleep(600)", str(out)],
                               cwd=REPO, env=ENV, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"

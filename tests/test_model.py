@@ -1,4 +1,5 @@
-"""model.py: truncated backprop, adapter and state init modes, static depth, FLOPs, checkpoints.
+"""model.py: truncated backprop, the per-loop loss and what forward records, adapter and state init
+modes, static depth, FLOPs, checkpoints.
 
     python -m pytest -q tests/test_model.py
 """
@@ -73,6 +74,51 @@ def test_no_grad_prefix_keeps_no_activations():
     base, long = saved_bytes(model, idx, (0, 8)), saved_bytes(model, idx, (24, 8))
     assert long <= 1.01 * base, (base, long)
     assert saved_bytes(model, idx, 32) > 3 * base  # backprop through all 32 iterations would keep them
+
+
+def test_step_supervision_loss_by_hand():
+    torch.manual_seed(0)
+    model = RecurrentGPT(RecurrentConfig(vocab_size=14, state_init="zero"))
+    x = torch.randint(0, 14, (2, 6))
+    y = torch.randint(0, 14, (2, 6))
+    depths = torch.tensor([[0, 1, 2, 3, 4, 0], [0, 1, 2, 3, 4, 5]])
+    y[depths == 0] = -1
+    loss_fn = lambda w: model(x, y, num_steps=(1, 2), depths=depths, depth_weight=w, labeled_only=True)[1]
+    # the head only at labeled positions: the model's own loss up to float summation order
+    torch.testing.assert_close(loss_fn(0.0), model(x, y, num_steps=(1, 2))[1], rtol=0, atol=1e-6)
+    # by hand: loops 2 and 3 with grad (one without); loop 2 reads out labels of depth <= 2, loop 3 all
+    rope = model.rope(torch.arange(6))
+    e = model.run_prelude(x, rope)
+    s = model.iterate(model.iterate(torch.zeros_like(e), e, rope, 0), e, rope, 1)
+    ce = lambda logits, t: torch.nn.functional.cross_entropy(logits.flatten(0, 1), t.flatten(), ignore_index=-1)
+    l2 = ce(model.readout(s, rope), y.masked_fill(depths > 2, -1))
+    l3 = ce(model.readout(model.iterate(s, e, rope, 2), rope), y)
+    torch.testing.assert_close(loss_fn(0.5), (l3 + 0.5 * l2) / 1.5)
+    # the same loss with the head everywhere, and the (N, V) logits of the labeled positions
+    full = model(x, y, num_steps=(1, 2), depths=depths, depth_weight=0.5)[1]
+    torch.testing.assert_close(full, (l3 + 0.5 * l2) / 1.5)
+    logits, _ = model(x, y, num_steps=(1, 2), labeled_only=True)
+    assert logits.shape == ((y != -1).sum(), 14)
+
+
+def test_recorded_states_and_loop_logits_are_the_pieces():
+    model = tiny()
+    idx = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(3))
+    plain = model(idx, num_steps=(2, 3))
+    assert isinstance(plain, tuple) and len(plain) == 2 and plain[1] is None  # the plain call: (logits, loss)
+    out = model(idx, idx, num_steps=(2, 3), return_states=True, return_loop_logits=True)
+    rope = model.rope(torch.arange(7))
+    e = model.run_prelude(idx, rope)
+    s = [torch.zeros_like(e)]  # state_init zero
+    for i in range(5):
+        s.append(model.iterate(s[-1], e, rope, i))
+    assert len(out.states) == 6 and all(torch.equal(a, b) for a, b in zip(out.states, s))
+    # loop logits after the grad loops 3, 4 and 5; the last one is the logits
+    assert len(out.loop_logits) == 3 and out.loop_logits[-1] is out.logits
+    for lg, si in zip(out.loop_logits, s[3:]):
+        assert torch.equal(lg, model.readout(si, rope))
+    assert torch.equal(out.logits, plain[0]) and out.loss is not None
+    assert model(idx, num_steps=2, return_states=True).loop_logits is None
 
 
 def test_adapter_inits():

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from plumbing import checkpoint
+from plumbing import batches, checkpoint
 import train
 from model import RecurrentConfig, RecurrentGPT
 
@@ -143,46 +143,27 @@ def test_recipe_configs_parse(name):
 
 
 # -----------------------------------------------------------------------------
-# step supervision: the per-loop readout loss
-
-
-def test_step_supervision_loss_by_hand():
-    torch.manual_seed(0)
-    model = RecurrentGPT(RecurrentConfig(vocab_size=14, state_init="zero"))
-    x = torch.randint(0, 14, (2, 6))
-    y = torch.randint(0, 14, (2, 6))
-    steps = torch.tensor([[0, 1, 2, 3, 4, 0], [0, 1, 2, 3, 4, 5]])
-    y[steps == 0] = -1
-    loss_fn = train.LoopLoss(model)
-    # the head only at labeled positions: the model's own loss up to float summation order
-    torch.testing.assert_close(loss_fn(x, y, (1, 2), steps, 0.0), model(x, y, num_steps=(1, 2))[1], rtol=0, atol=1e-6)
-    # by hand: loops 2 and 3 with grad (one without); loop 2 reads out labels with step <= 2, loop 3 all
-    rope = model.rope(torch.arange(6))
-    e = model.run_prelude(x, rope)
-    s = model.iterate(model.iterate(torch.zeros_like(e), e, rope, 0), e, rope, 1)
-    ce = lambda logits, t: torch.nn.functional.cross_entropy(logits.flatten(0, 1), t.flatten(), ignore_index=-1)
-    l2 = ce(model.readout(s, rope), y.masked_fill(steps > 2, -1))
-    l3 = ce(model.readout(model.iterate(s, e, rope, 2), rope), y)
-    torch.testing.assert_close(loss_fn(x, y, (1, 2), steps, 0.5), (l3 + 0.5 * l2) / 1.5)
+# batches (plumbing/batches.py); the per-loop loss itself is tested in test_model.py
 
 
 def test_rows_cut_to_their_labeled_columns_are_exact(depth_dir):
     """Train rows (k <= train_k) padded to test_k + 1 columns: the step's batch is cut after its last
     labeled column, and the loss is the model's on the whole rows (causal attention)."""
-    data = train.open_data(str(depth_dir), "train", 256)
-    rows = train.batch_rows(0, 16, data["n"], 1337)
-    T = train.labeled_length(data, rows)
+    data = batches.open_data(str(depth_dir), "train", 256)
+    rows = batches.batch_rows(0, 16, data["n"], 1337)
+    T = batches.labeled_length(data, rows)
     assert data["T"] == 7 and T == 5  # train_k = 4 (the fixture) of test_k = 6
-    x, y, steps = train.get_batch(data, rows, "cpu", T)
-    xf, yf, _ = train.get_batch(data, rows, "cpu")
+    x, y, depths = batches.get_batch(data, rows, "cpu", T)
+    xf, yf, _ = batches.get_batch(data, rows, "cpu")
     assert x.shape == (16, 5) and (yf[:, T:] == -1).all() and torch.equal(xf[:, :T], x)
     torch.manual_seed(0)
     model = RecurrentGPT(RecurrentConfig(vocab_size=14, state_init="zero"))
     model.reset_adapter("random")
-    torch.testing.assert_close(train.LoopLoss(model)(x, y, (2, 3), steps, 0.0), model(xf, yf, num_steps=5)[1],
-                               rtol=0, atol=1e-6)
+    # the training call (head only at labeled positions) on the cut rows, the plain one on the whole rows
+    cut = model(x, y, num_steps=(2, 3), depths=depths, depth_weight=0.0, labeled_only=True)[1]
+    torch.testing.assert_close(cut, model(xf, yf, num_steps=5)[1], rtol=0, atol=1e-6)
     text = {"targets": None, "T": 256}  # plain text: never cut
-    assert train.labeled_length(text, rows) == 256
+    assert batches.labeled_length(text, rows) == 256
 
 
 # -----------------------------------------------------------------------------
@@ -209,11 +190,11 @@ def test_state_seeds_make_s0_a_function_of_the_row():
     # a row's s_0 is the same whichever batch (rank, micro-batch) it is drawn in
     model = RecurrentGPT(RecurrentConfig())
     e = torch.zeros(4, 5, 64)
-    seeds = train.state_seeds(3, 4, seed=1337)
+    seeds = batches.state_seeds(3, 4, seed=1337)
     whole = model.init_state(e, seeds=seeds)
     halves = torch.cat([model.init_state(e[:2], seeds=seeds[:2]), model.init_state(e[2:], seeds=seeds[2:])])
     assert torch.equal(whole, halves)
-    assert torch.equal(train.state_seeds(3, 4, seed=1337), seeds) and not torch.equal(train.state_seeds(4, 4, 1337), seeds)
+    assert torch.equal(batches.state_seeds(3, 4, seed=1337), seeds) and not torch.equal(batches.state_seeds(4, 4, 1337), seeds)
     std = math.sqrt(2 / (5 * 64))  # Huginn's truncated normal, cut at 3 std
     assert 0.8 * std < whole.std() < 1.2 * std and whole.abs().max() <= 3 * std
     assert not torch.equal(whole[0], whole[1])
@@ -315,13 +296,15 @@ def test_saves_between_evals_wait_for_the_next_loss(depth_dir, tmp_path):
 def test_one_spike_alone_does_not_stop_the_run(depth_dir, tmp_path, monkeypatch):
     """A single step far above the running level (what an r = 1 step of a per-loop supervised model looks
     like) is not saved, but only --diverge_steps of them in a row stop the run."""
-    calls, forward = [], train.LoopLoss.forward
+    calls, forward = [], train.RecurrentGPT.forward
 
-    def one_spike(self, *a, **kw):
+    def one_spike(self, *a, **kw):  # the training forward (head at labeled positions), not the evaluations'
+        if not kw.get("labeled_only"):
+            return forward(self, *a, **kw)
         calls.append(1)
-        loss = forward(self, *a, **kw)
-        return loss * 10 + 5 if len(calls) == 12 else loss
-    monkeypatch.setattr(train.LoopLoss, "forward", one_spike)
+        logits, loss = forward(self, *a, **kw)
+        return (logits, loss * 10 + 5) if len(calls) == 12 else (logits, loss)
+    monkeypatch.setattr(train.RecurrentGPT, "forward", one_spike)
     out = tmp_path / "one_spike"
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     train.main([*TINY, "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=16", "--eval_interval=100"])
@@ -522,7 +505,7 @@ class FakeTTY(io.StringIO):
 def test_evaluation_shows_progress(depth_dir, monkeypatch):
     # the default run's first evaluation (r = 1, 4, 8, 32 on a 100M model) was two silent minutes on CPU
     monkeypatch.setattr(sys, "stderr", FakeTTY())  # tqdm draws only on a terminal
-    data = train.open_data(str(depth_dir), "val", 256)
+    data = batches.open_data(str(depth_dir), "val", 256)
     model = RecurrentGPT(RecurrentConfig(vocab_size=14, n_embd=32, n_head=2, n_kv_head=2, head_dim=16))
     train.estimate_loss(model, data, [1, 2], 3, 4, torch.device("cpu"), 0, contextlib.nullcontext())
     assert re.search(r"eval r=\d+: +\d+%.* \d/6 \[", sys.stderr.getvalue()), sys.stderr.getvalue()  # r and batches of 2 x 3
