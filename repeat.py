@@ -15,7 +15,8 @@ evaluation's s_0 draws stay fixed, so the spread is the spread of training.
 Everything after `--` goes to train.py (per seed: --seed S --out_dir OUT/seed_S are added). Writes
 OUT/seed_S/ (the run and its eval/), OUT/summary.json (command, seeds, git commit, seconds, the
 table) and OUT/depth_seeds.png; prints the table as markdown. A seed whose run and evaluation are
-already in OUT with the same command is reused, never mixed with another command's.
+already in OUT with the same command is reused, a killed one resumes from its last save (train.py
+--resume), and neither is ever mixed with another command's.
 """
 
 import argparse
@@ -57,8 +58,13 @@ def seed_result(seed, out_dir, train_args, eval_r, eval_args):
             if not stamp.is_file() or json.loads(stamp.read_text()) != want:
                 sys.exit(f"repeat.py: error: {run_dir} holds a run of another command: "
                          f"remove it or choose another --out_dir")
-            print(f"seed {seed}: {run_dir} holds an unfinished run of this command: starting it again")
-            shutil.rmtree(run_dir)  # ours (the stamp says so), and a fresh train.py must not append to it
+            if (run_dir / "config.json").is_file() and (run_dir / "train_state.pt").is_file():
+                # a killed seed continues from its last save (train.py --resume checks the flags are the same)
+                print(f"seed {seed}: {run_dir} holds an unfinished run of this command: resuming it")
+                train_cmd = [*train_cmd, "--resume"]
+            else:
+                print(f"seed {seed}: {run_dir} holds an unfinished run of this command with no save: starting it again")
+                shutil.rmtree(run_dir)  # ours (the stamp says so), and a fresh train.py must not append to it
         run_dir.mkdir(parents=True, exist_ok=True)
         stamp.write_text(json.dumps(want))  # first: a half-finished seed is recognized as this command's
         run(train_cmd)
@@ -132,7 +138,7 @@ def compare(eval_dirs):
               for s in runs]
     rs = sorted({r for t in tables for cells in t.values() for r in cells}, key=int)
     ks = sorted({k for t in tables for k in t}, key=int)
-    print(f"accuracy by depth k and test loops r; cells: " + " / ".join(str(d) for d in eval_dirs)
+    print("accuracy by depth k and test loops r; cells: " + " / ".join(str(d) for d in eval_dirs)
           + "  (* beyond that run's trained depth)")
     print("| k | " + " | ".join(f"r={r}" for r in rs) + " |\n" + "|---" * (len(rs) + 1) + "|")
     for k in ks:

@@ -1,3 +1,13 @@
-"""The plumbing a reader of the recipe may skip: tokenizers (tokenizer.py, gguf.py), hub access (hub.py),
-the raven checkpoint format (raven.py), math answer grading (math_grader.py), the KV cache (kv_cache.py),
-atomic run directories (checkpoint.py) and command-line helpers (cli.py)."""
+"""The plumbing a reader of the recipe may skip:
+
+- tokenizer.py, gguf.py: the parents' tokenizers (on tiktoken, SentencePiece for TinyLlama) and the one GGUF reader
+- hub.py, parents.py: hub ids and short names to local files; a parent's HF directory or GGUF to our weights
+- raven.py: the published raven checkpoint format (Huginn-0125, the McLeish et al. retrofits), both directions
+- kv_cache.py: the KV cache of sample.py, one entry per (layer, loop)
+- batches.py, run_dir.py, guards.py, device.py: train.py's rows and batches, its run directory (saves,
+  resume, log), its NaN and divergence stops, and its device / DDP setup
+- checkpoint.py: a run directory as one unit (atomic saves, weights_only loads, one process per out_dir)
+- eval_data.py, math_grader.py: eval_math.py's problems and its MATH answer grading
+- analyze_plots.py: analyze.py's figures
+- cli.py: what the scripts' command lines share (one-line errors, flag checks)
+"""

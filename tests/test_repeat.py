@@ -6,6 +6,7 @@ and spread of the seeds' own eval summaries, reuse of finished seeds, and no mix
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -51,11 +52,21 @@ def test_seeds_table_reuse_and_refusal(tmp_path):
     p = repeat("--out_dir", out, "--seeds", "1,2", "--r", "1,2", "--", *TINY, "--data", data)
     assert p.returncode == 0 and "seed 1: reusing" in p.stdout
     assert (out / "seed_1" / "model.safetensors").stat().st_mtime_ns == mtime
-    # an unfinished seed of this command (killed before its evaluation) is trained again from the start
+    # an unfinished seed of this command (killed before its evaluation) resumes from its last save
+    steps = lambda: [ln for ln in (out / "seed_2" / "log.jsonl").read_text().splitlines() if '"loss"' in ln]
+    log = steps()  # the step and eval records (a resume adds only its own header line)
     (out / "seed_2" / "eval" / "summary.json").unlink()
     p = repeat("--out_dir", out, "--seeds", "1,2", "--r", "1,2", "--", *TINY, "--data", data)
-    assert p.returncode == 0 and "seed 2: " in p.stdout and "starting it again" in p.stdout
+    assert p.returncode == 0 and "seed 2: " in p.stdout and "resuming it" in p.stdout, p.stdout[-2000:]
     assert (out / "seed_2" / "model.safetensors").read_bytes() == w[1]  # the same run, not appended to
+    assert steps() == log and (out / "seed_2" / "eval" / "summary.json").is_file()
+    # ... and one killed before its first save is trained again from the start
+    for f in (out / "seed_2").iterdir():
+        if f.name != "repeat_command.json":
+            (f.unlink if f.is_file() or f.is_symlink() else shutil.rmtree)(f)
+    p = repeat("--out_dir", out, "--seeds", "1,2", "--r", "1,2", "--", *TINY, "--data", data)
+    assert p.returncode == 0 and "starting it again" in p.stdout
+    assert (out / "seed_2" / "model.safetensors").read_bytes() == w[1]
     # another command into the same folder is refused, in one line, before it trains
     p = repeat("--out_dir", out, "--seeds", "1", "--r", "1,2", "--", *TINY, "--data", data, "--adam_lr=1e-3")
     assert p.returncode != 0 and p.stderr.strip().splitlines()[-1].startswith("repeat.py: error:")
