@@ -29,7 +29,9 @@ import torch
 from plumbing import checkpoint
 from plumbing.cli import Parser, int_list
 from plumbing.hub import CheckpointError, checkpoint_revision, resolve_checkpoint
+from plumbing.model_card import parent_license, write_model_card
 from plumbing.parents import SurgeryError, load_parent
+from plumbing.upload import check_push, push_to_hub
 from model import RecurrentConfig, RecurrentGPT
 
 TOLERANCE = 1e-4  # max abs logit difference allowed by the self-check (fp32)
@@ -115,7 +117,11 @@ def cut(src, shape=(4, 6, 4), layers=None, static=False, untie=False, init=None,
     shape = shape or (1, n_layers - 2, 1)
     layer_map = parse_layers(layers, n_layers) if layers else select_layers(n_layers, shape)
     model = build(fields, sd, layer_map, recurrent=not static, untie=untie, **config_overrides)
-    model.config.parent = {"init": init or src, "n_layers": n_layers, **checkpoint_revision(src)}
+    parent = {"init": init or src, "n_layers": n_layers, **checkpoint_revision(src)}
+    lic = parent_license(parent)  # recorded now, while the parent's own files are at hand (the model card reads it)
+    if lic["license"] != "unknown":
+        parent["license"] = {k: lic[k] for k in ("license", "license_name", "license_link") if lic[k]}
+    model.config.parent = parent
     return model
 
 
@@ -144,12 +150,15 @@ def self_check(model, n_tokens=32, r_values=(1, 4)):
         model.adapter.weight.copy_(saved)
 
 
-def write_checkpoint(model, src, out_dir):
-    """Weights + config.json + the parent's tokenizer files, so every script can load out_dir."""
+def write_checkpoint(model, src, out_dir, command=None):
+    """Weights + config.json + the parent's tokenizer files, so every script can load out_dir, and the
+    model card (README.md) that says what it is."""
     from plumbing.tokenizer import save_tokenizer_files
 
     model.save_pretrained(out_dir)
     save_tokenizer_files(src, out_dir)
+    with open(os.path.join(out_dir, "config.json")) as f:
+        write_model_card(out_dir, json.load(f), command)
 
 
 def load_model(init, device="cpu", shape=None, layers=None, static=False, untie=False, **config_overrides):
@@ -197,13 +206,21 @@ def main(argv=None):
     p.add_argument("--untie", action="store_true", help="untie the output head (as the published retrofits do)")
     p.add_argument("--mean_recurrence", type=int, default=4, help="default r when a script does not give one")
     p.add_argument("--export-raven", nargs=2, metavar=("DIR", "OUT"), help="write checkpoint DIR in the raven format")
+    p.add_argument("--push_to_hub", default="", metavar="REPO_ID", help="then upload --out (or the raven OUT) to this hub repo")
+    p.add_argument("--private", action="store_true", help="with --push_to_hub: create the repo private")
     args = p.parse_args(argv)
+    command = ["python", "surgery.py", *(sys.argv[1:] if argv is None else argv)]
     try:
+        if args.push_to_hub:  # a bad id, offline or no login: said now, before the work
+            check_push(args.push_to_hub, args.export_raven[1] if args.export_raven else args.out)
         if args.export_raven:
             from plumbing.raven import export_raven
 
             export_raven(*args.export_raven)
+            with open(os.path.join(args.export_raven[0], "config.json")) as f:
+                write_model_card(args.export_raven[1], json.load(f), command, raven=True)
             print(f"wrote {args.export_raven[1]} (raven format)")
+            push(args, args.export_raven[1])
             return 0
         if not args.init or not args.out:
             p.error("--init and --out are required")
@@ -219,7 +236,7 @@ def main(argv=None):
                               mean_recurrence=args.mean_recurrence)  # fmt: skip
         if existing:  # a training run's links would point past the new files at its old saves
             checkpoint.remove_run(args.out)
-        write_checkpoint(model, src, args.out)
+        write_checkpoint(model, src, args.out, command)
         counts = model.param_counts()
         print(f"layers: {json.dumps(model.config.layers)}")
         print("params: " + ", ".join(f"{k} {v / 1e6:.2f}M" for k, v in counts.items()))
@@ -232,10 +249,16 @@ def main(argv=None):
         else:  # nothing to compare: a static model is the layer-dropped parent itself
             print("self-check: none for a static model (no loop, no adapter: it is the layer-dropped parent itself)")
         print(f"wrote {args.out}")
+        push(args, args.out)
         return 0
     except (SurgeryError, CheckpointError, FileNotFoundError, ValueError, checkpoint.RunDirError) as err:
         print(f"surgery.py: error: {err}", file=sys.stderr)
         return 1
+
+
+def push(args, out_dir):
+    if args.push_to_hub:
+        print(f"pushed {out_dir} to {push_to_hub(out_dir, args.push_to_hub, private=args.private)}")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from plumbing import checkpoint, guards, run_dir
 from plumbing.batches import batch_rows, get_batch, labeled_length, open_data, state_seeds
 from plumbing.cli import at_least, git_commit, int_list, str2bool
 from plumbing.device import setup
+from plumbing.upload import check_push, push_to_hub
 from model import IGNORE_INDEX, RecurrentConfig, RecurrentGPT
 from muon import Muon
 
@@ -108,6 +109,8 @@ FLAGS = dict(
                          "saved); 0 = off"),
     diverge_steps=(3, "stop after this many spikes in a row (one alone is the sampled r: an r=1 step reads out early)"),
     peak_flops=(0.0, "FLOP/s of one device, for MFU (e.g. 989e12 for an H100 in bf16); 0 = no MFU"),
+    push_to_hub=("", "namespace/name: at the end, upload out_dir (weights, config, tokenizer, model card) there"),
+    private=(False, "with --push_to_hub: create the repo private"),
 )
 DEFAULTS = {key: default for key, (default, _) in FLAGS.items()}
 # --resume continues the run as it was: every key must equal the run's saved value (config.json, "train"),
@@ -115,7 +118,7 @@ DEFAULTS = {key: default for key, (default, _) in FLAGS.items()}
 # curriculum that are fractions of it: that is how a run is extended)
 RESUME_MAY_CHANGE = ("config", "resume", "out_dir", "max_iters", "eval_interval", "eval_iters", "eval_r",
                      "log_interval", "ckpt_minutes", "device", "compile", "max_bad_steps", "diverge_factor",
-                     "diverge_steps", "peak_flops")
+                     "diverge_steps", "peak_flops", "push_to_hub", "private")
 
 
 class TrainError(Exception):
@@ -167,6 +170,11 @@ def check_args(args):
             raise TrainError(f"--{key} must be one of {', '.join(map(repr, allowed))}, not {getattr(args, key)!r}")
     if args.init == "scratch" and args.n_embd % args.n_head:
         raise TrainError(f"--n_embd {args.n_embd} is not a multiple of --n_head {args.n_head}")
+    if args.push_to_hub:  # a bad repo id, offline or no login: said now, not after the run
+        try:
+            check_push(args.push_to_hub, args.out_dir)
+        except ValueError as err:
+            raise TrainError(str(err)) from None
     return args
 
 
@@ -481,6 +489,11 @@ def train(args):
     bar.close()
     if master:  # loss.png and the last lines; the lock goes
         run_dir.finish(log, run_lock, args.out_dir, start_step, step, time.time() - t_start)
+        if args.push_to_hub:
+            try:
+                print(f"pushed {args.out_dir} to {push_to_hub(args.out_dir, args.push_to_hub, private=args.private)}")
+            except ValueError as err:
+                raise TrainError(f"{err} (the run itself is saved in {args.out_dir})") from None
     if ddp:
         dist.destroy_process_group()
 

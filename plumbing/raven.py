@@ -13,8 +13,10 @@ math, which lives in two different modeling files:
   `rope_theta` (the `rope_base` field is written but never read), optional llama3 `rope_scaling`,
   GQA, e = wte * init_values.embed_scale (1.0), ln_f once after the coda, untied lm_head.
 
-The variant is told by the tensors (norm_3 present = Huginn), never by `block_class_name`, which is
-"SandwichBlock" in both. The two variants are the families "huginn" and "llama" of families.FAMILIES,
+The variant is told by the modeling file config.json names (when it lies beside the weights) or else by
+config.json's rope_theta (the retrofit converter writes it, Huginn's config has rope_base only), never
+by `block_class_name`, which is "SandwichBlock" in both, nor by the tensors: the retrofit converter
+starts from a Huginn snapshot and leaves its norm_3, norm_4 and freqs_cis behind (ignored, said in one line). The two variants are the families "huginn" and "llama" of families.FAMILIES,
 which says what differs between them; the names are mapped explicitly by the tables below. What
 RecurrentGPT cannot express is refused with one line (RavenError), never approximated.
 
@@ -126,14 +128,37 @@ def read_raven_tensors(path):
     return sd
 
 
-def raven_variant(cfg, sd):
-    """'huginn' (sandwich) or 'retrofit' (Llama pre-norm), from the tensors; anything else is refused."""
-    sandwich = any(k.endswith(".norm_3.weight") for k in sd)
+def raven_variant(cfg, sd, path=None):
+    """(variant, why): 'huginn' (sandwich) or 'retrofit' (Llama pre-norm), from what says which modeling code
+    runs the checkpoint, never from the tensors or block_class_name ("SandwichBlock" in both). First the
+    modeling file config.json's auto_map names, when it lies beside the weights (read as text, never run): the
+    retrofit one builds on transformers' Llama RoPE. Else config.json: the retrofit converter writes the
+    parent's rope_theta, which Huginn's config lacks (it has rope_base only)."""
     if any(".q_norm." in k or ".k_norm." in k for k in sd):
         raise RavenError("raven checkpoint with q/k norms (an OLMo-2 retrofit): only Huginn and Llama retrofits are supported")
-    if not sandwich and "rope_theta" not in cfg:
-        raise RavenError("pre-norm raven checkpoint without rope_theta: the retrofit modeling code reads rope_theta, not rope_base")
-    return "huginn" if sandwich else "retrofit"
+    module = cfg.get("auto_map", {}).get("AutoModelForCausalLM", "").split(".")[0]
+    modeling = os.path.join(path, module + ".py") if path and module else None
+    if modeling and os.path.isfile(modeling):
+        with open(modeling, encoding="utf-8", errors="replace") as f:
+            llama = "LlamaRotaryEmbedding" in f.read()
+        variant, why = ("retrofit", f"{module}.py uses Llama's RoPE") if llama else ("huginn", f"{module}.py is Huginn's")
+    elif "rope_theta" in cfg:
+        variant, why = "retrofit", "config.json has rope_theta"
+    else:
+        variant, why = "huginn", "config.json has no rope_theta"
+    sandwich_norms = any(k.endswith(".norm_3.weight") for k in sd)
+    if (variant == "retrofit" and "rope_theta" not in cfg) or (variant == "huginn" and not sandwich_norms):
+        raise RavenError("pre-norm raven checkpoint without rope_theta: the retrofit modeling code reads rope_theta, "
+                         "not rope_base (add the parent's rope_theta to config.json)")
+    return variant, why
+
+
+def unread_tensors(sd, variant):
+    """Tensors the variant's modeling code never reads: the retrofit converter starts from a Huginn snapshot
+    and leaves its sandwich norms (norm_3, norm_4) and RoPE table (freqs_cis) in the weights."""
+    if variant != "retrofit":
+        return []
+    return sorted(k for k in sd if k == "freqs_cis" or k.endswith((".norm_3.weight", ".norm_4.weight")))
 
 
 def config_from_raven(cfg, variant, source=None, **overrides):
@@ -258,7 +283,14 @@ def load_raven(path, device="cpu", **overrides):
     if cfg.get("model_type") != "huginn_raven":
         raise RavenError(f"{path}/config.json has model_type {cfg.get('model_type')!r}, not 'huginn_raven'")
     sd = read_raven_tensors(path)
-    variant = raven_variant(cfg, sd)
+    variant, why = raven_variant(cfg, sd, path)
+    unread = unread_tensors(sd, variant)
+    if unread:  # said in one line: a user should know that part of the file is not used
+        print(f"raven: {path}: the Llama pre-norm layout ({why}) never reads {len(unread)} tensors of this file "
+              f"({', '.join(sorted({k.split('.')[-2] if k != 'freqs_cis' else k for k in unread}))}): ignoring them",
+              file=sys.stderr)
+        for k in unread:
+            del sd[k]
     config = config_from_raven(cfg, variant, source=os.path.abspath(path), **overrides)
     ours = state_dict_from_raven(sd, config, variant)
     try:

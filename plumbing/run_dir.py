@@ -14,6 +14,7 @@ step, {"step", "val", "adapter"} per evaluation.
 
 import json
 import os
+import sys
 import time
 
 import torch
@@ -21,6 +22,7 @@ import torch
 from plumbing import checkpoint
 from plumbing.checkpoint import RunDirError
 from plumbing.cli import ready_out_dir
+from plumbing.model_card import write_model_card
 
 
 def claim(out_dir, master):
@@ -70,6 +72,8 @@ def save_checkpoint(model, opts, step, args, fingerprint, flops_seen, levels, ru
              # the schedules are functions of the step; stored so a reader can see where the run stood
              "schedule": schedule}
     checkpoint.save(args.out_dir, step, model, state, train_cfg)
+    with open(os.path.join(args.out_dir, "config.json")) as f:  # the card says what the save holds (README.md)
+        write_model_card(args.out_dir, json.load(f), ["python", "train.py", *sys.argv[1:]])
     return time.time()
 
 

@@ -279,3 +279,46 @@ def test_export_copies_tokenizer_and_cli_errors_are_one_line(tmp_path):
                          cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 1 and "Traceback" not in run.stderr and run.stderr.count("\n") == 1
     assert "GQA" in run.stderr
+
+
+# -----------------------------------------------------------------------------
+# the published retrofits as their converter writes them (convert_llama.py, unmodified: see the fixture's README)
+
+
+def test_converted_retrofit_loads_with_its_layout_and_matches_its_logits(capfd):
+    path = FIXTURES / "retrofit_converted_tiny"
+    model = load_model(str(path), state_init="zero")[0].eval()
+    note = capfd.readouterr().err.strip().splitlines()
+    # the layout comes from config.json (rope_theta), and the 33 leftovers of the Huginn snapshot are named once
+    assert len(note) == 1 and "rope_theta" in note[0] and "33 tensors" in note[0]
+    assert all(w in note[0] for w in ("norm_3", "norm_4", "freqs_cis"))
+    c = model.config
+    assert (c.block_type, c.n_kv_head, c.rope_theta, c.tie_embeddings) == ("prenorm", 2, 10000.0, False)
+    assert (c.n_prelude, c.n_core, c.n_coda) == (4, 8, 4)
+    io = load_file(str(path / "io.safetensors"))
+    for r in (1, 4, 8):
+        diff = (logits_at(model, io["input_ids"], r) - io[f"logits_r{r}"]).abs().max().item()
+        assert diff <= TOL, f"r={r}: max abs diff {diff:.2e}"
+
+
+def test_the_modeling_file_beside_the_weights_decides_the_layout(tmp_path):
+    """auto_map's modeling file, when present, outranks config.json: a Huginn checkpoint whose config
+    gained a rope_theta still loads as Huginn next to Huginn's modeling file, and a converted retrofit
+    next to a Llama modeling file loads as pre-norm without the rope_theta hint."""
+    huginn, conv = tmp_path / "huginn", tmp_path / "conv"
+    shutil.copytree(FIXTURES / "huginn_tiny", huginn)
+    shutil.copytree(FIXTURES / "retrofit_converted_tiny", conv)
+    cfg = json.loads((huginn / "config.json").read_text())
+    (huginn / "config.json").write_text(json.dumps({**cfg, "rope_theta": 10000.0}))
+    (huginn / "raven_modeling_minimal.py").write_text("class SandwichBlock: pass  # Huginn's own code\n")
+    cfg = json.loads((conv / "config.json").read_text())
+    cfg.pop("rope_theta")
+    (conv / "config.json").write_text(json.dumps({**cfg, "rope_base": 10000.0}))
+    (conv / "raven_modeling_minimal.py").write_text(
+        "from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb\n")
+    m = load_model(str(huginn), state_init="zero")[0].eval()
+    io = load_file(str(huginn / "io.safetensors"))
+    assert m.config.block_type == "sandwich"
+    assert (logits_at(m, io["input_ids"], 4) - io["logits_r4"]).abs().max() <= TOL
+    with pytest.raises(RavenError, match="rope_theta"):  # pre-norm, but no rope_theta to build its RoPE from
+        load_raven(str(conv))
