@@ -424,14 +424,18 @@ class RecurrentGPT(nn.Module):
 
     def save_pretrained(self, out_dir, extra_config=None):
         """Write out_dir/model.safetensors and out_dir/config.json, each via temp file + rename, so a crash
-        leaves either the old file or the new one, never half of one."""
+        leaves either the old file or the new one, never half of one; and the project's own modeling file
+        with config.json's auto_map, so transformers loads the directory too:
+        AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=True)."""
         from safetensors.torch import save_file
 
-        os.makedirs(out_dir, exist_ok=True)
+        from plumbing.hf_remote import write_remote_code
+
+        extra_config = {**write_remote_code(out_dir), **(extra_config or {})}  # makes out_dir too
         path = os.path.join(out_dir, "model.safetensors")
         save_file(self.state_dict_to_save(), path + ".tmp", metadata={"format": "pt"})
         os.replace(path + ".tmp", path)
-        cfg = {"model_type": "nanorecur", **asdict(self.config), **(extra_config or {})}
+        cfg = {"model_type": "nanorecur", **asdict(self.config), **extra_config}
         write_json_atomic(os.path.join(out_dir, "config.json"), cfg)
 
     @classmethod
@@ -484,11 +488,15 @@ class RecurrentGPT(nn.Module):
             raise ValueError(f"{path}/model.safetensors: {err}") from None
 
 
+# config.json keys that are not model fields: ours ("train": the run) and those transformers reads or writes
+HF_KEYS = ("model_type", "train", "auto_map", "architectures", "transformers_version", "dtype", "torch_dtype")
+
+
 def config_from_dict(cfg, **overrides):
     """RecurrentConfig from a config.json dict; keys that are not config fields are an error, except two
     that older saves carry at the values that made them no-ops (state_scale = embed_scale, no iter_norm)."""
     names = {f.name for f in fields(RecurrentConfig)}
-    cfg = {k: v for k, v in {**cfg, **overrides}.items() if k not in ("model_type", "train")}
+    cfg = {k: v for k, v in {**cfg, **overrides}.items() if k not in HF_KEYS}
     if cfg.get("iter_norm") is False:
         del cfg["iter_norm"]
     if "state_scale" in cfg and math.isclose(cfg["state_scale"], cfg.get("embed_scale", 1.0)):

@@ -9,5 +9,8 @@
 - checkpoint.py: a run directory as one unit (atomic saves, weights_only loads, one process per out_dir)
 - eval_data.py, math_grader.py: eval_math.py's problems and its MATH answer grading
 - analyze_plots.py: analyze.py's figures
+- hf_remote.py, hf/: the modeling code transformers runs (trust_remote_code) for our directories and the raven
+  export, written into each with config.json's auto_map
+- model_card.py, upload.py: the README.md model card of a checkpoint, and the push to the hub
 - cli.py: what the scripts' command lines share (one-line errors, flag checks)
 """

@@ -33,6 +33,8 @@ from dataclasses import asdict
 
 import torch
 
+from plumbing.hf_remote import write_remote_code
+
 POINTER = "latest"
 FILES = ("model.safetensors", "config.json", "train_state.pt")  # the three names every reader knows
 MANIFEST = "manifest.json"
@@ -182,7 +184,8 @@ def save(out_dir, step, model, train_state, train_config):
         file = lambda name: os.path.join(path, name)
         # the weights as bytes (one host copy): safetensors' own writer would not report a full disk as OSError
         weights = safetensors_bytes(model.state_dict_to_save(), metadata={"format": "pt"})
-        config = {"model_type": "nanorecur", **asdict(model.config), "train": train_config}  # as save_pretrained
+        # as save_pretrained: the modeling file (the same bytes every time) is in place before the config naming it
+        config = {"model_type": "nanorecur", **asdict(model.config), **write_remote_code(out_dir), "train": train_config}
         sha = {"model.safetensors": write_file(file("model.safetensors"), lambda f: f.write(weights)),
                "config.json": write_file(file("config.json"), lambda f: f.write(json_bytes(config))),
                "train_state.pt": write_file(file("train_state.pt"), lambda f: torch.save(train_state, f))}

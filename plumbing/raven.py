@@ -24,9 +24,10 @@ RecurrentGPT cannot express is refused with one line (RavenError), never approxi
     python -m plumbing.raven --export out/smollm2 out/smollm2-raven         # same as surgery.py --export-raven
     python -m pytest -q tests/test_raven.py
 
-An exported directory holds model.safetensors, config.json and the tokenizer files; to load it with
-the published code (trust_remote_code), put raven_config_minimal.py / raven_modeling_minimal.py from
-tomg-group-umd/huginn-0125 (sandwich) or from a smcleish/Recurrent-* repo (pre-norm) beside them.
+An exported directory holds model.safetensors, config.json, the tokenizer files and the project's own
+raven_config_minimal.py / raven_modeling_minimal.py (plumbing/hf/, both layouts), so it loads with
+transformers: AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True). The published modeling
+files (tomg-group-umd/huginn-0125, or a smcleish/Recurrent-* repo for pre-norm) may replace them.
 """
 
 import argparse
@@ -39,6 +40,7 @@ import sys
 import torch
 
 from families import FAMILIES, RAVEN_EXPORT, RAVEN_VARIANTS
+from plumbing.hf_remote import write_remote_code, written_by_nanorecur
 from model import RecurrentConfig, RecurrentGPT, write_json_atomic
 from plumbing.tokenizer import TOKENIZER_FILES
 
@@ -138,7 +140,7 @@ def raven_variant(cfg, sd, path=None):
         raise RavenError("raven checkpoint with q/k norms (an OLMo-2 retrofit): only Huginn and Llama retrofits are supported")
     module = cfg.get("auto_map", {}).get("AutoModelForCausalLM", "").split(".")[0]
     modeling = os.path.join(path, module + ".py") if path and module else None
-    if modeling and os.path.isfile(modeling):
+    if modeling and os.path.isfile(modeling) and not written_by_nanorecur(modeling):  # ours reads rope_theta too
         with open(modeling, encoding="utf-8", errors="replace") as f:
             llama = "LlamaRotaryEmbedding" in f.read()
         variant, why = ("retrofit", f"{module}.py uses Llama's RoPE") if llama else ("huginn", f"{module}.py is Huginn's")
@@ -418,6 +420,7 @@ def save_raven(model, out_dir):
     path = os.path.join(out_dir, "model.safetensors")
     save_file(tensors, path + ".tmp", metadata={"format": "pt"})
     os.replace(path + ".tmp", path)
+    write_remote_code(out_dir, "raven")  # our own raven_*_minimal.py, named by the config's auto_map
     write_json_atomic(os.path.join(out_dir, "config.json"), raven_config(model.config, variant))
     return variant
 
