@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import sys
 import time
 
@@ -489,11 +490,6 @@ def train(args):
     bar.close()
     if master:  # loss.png and the last lines; the lock goes
         run_dir.finish(log, run_lock, args.out_dir, start_step, step, time.time() - t_start)
-        if args.push_to_hub:
-            try:
-                print(f"pushed {args.out_dir} to {push_to_hub(args.out_dir, args.push_to_hub, private=args.private)}")
-            except ValueError as err:
-                raise TrainError(f"{err} (the run itself is saved in {args.out_dir})") from None
     if ddp:
         dist.destroy_process_group()
 
@@ -503,6 +499,11 @@ def main(argv=None):
     try:
         args = parse_args(argv)
         train(args)
+        if args.push_to_hub and int(os.environ.get("RANK", 0)) == 0:  # the finished run, once (rank 0 of torchrun)
+            try:
+                print(f"pushed {args.out_dir} to {push_to_hub(args.out_dir, args.push_to_hub, private=args.private)}")
+            except ValueError as err:
+                raise TrainError(f"{err} (the run itself is saved in {args.out_dir})") from None
     except (TrainError, checkpoint.RunDirError, guards.Stopped) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
