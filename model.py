@@ -255,6 +255,14 @@ class RecurrentGPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=0.02)
 
+    def _apply(self, fn, recurse=True):
+        # model.to(bf16) would cast the RoPE frequencies too (a dtype error in rope(), and positions off by
+        # radians beyond ~1000 tokens): whatever dtype the weights take, they stay fp32, computed afresh
+        super()._apply(fn, recurse)
+        c = self.config
+        self.inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling).to(self.inv_freq.device)
+        return self
+
     @torch.no_grad()
     def reset_adapter(self, mode=None):
         """Initialize the adapter W (h, 2h) on cat[s, e] by `mode` (default config.adapter_init)."""
@@ -306,7 +314,8 @@ class RecurrentGPT(nn.Module):
 
     def iterate(self, s, e, rope, i, mask=None, cache=None):
         """Loop i (0-based) of the recurrence: s_{i+1} = R(adapter(cat[s_i, e]))."""
-        x = self.adapter(torch.cat([s, e], dim=-1)) if self.config.recurrent else e  # (B, T, h)
+        # .to(e.dtype): under bf16 autocast the adapter's output is bf16; the state keeps the stream's dtype (fp32)
+        x = self.adapter(torch.cat([s, e], dim=-1)).to(e.dtype) if self.config.recurrent else e  # (B, T, h)
         for j, block in enumerate(self.core):
             x = block(x, rope, mask, cache, ("core", j, i))
         return x
