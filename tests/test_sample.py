@@ -7,7 +7,8 @@ import torch
 
 from plumbing.kv_cache import KVCache
 from model import RecurrentConfig, RecurrentGPT
-from sample import EXIT_THRESHOLDS, CachedForward, ExitRule, context_warning, filter_logits, generate, main
+from sample import (EXIT_THRESHOLDS, CachedForward, ExitRule, context_warning, filter_logits, generate, main,
+                    matvec_layout)
 
 TOL = 1e-5
 CONFIGS = {
@@ -72,6 +73,24 @@ def test_generate_cache_equals_recompute():
     b = generate(model, prompts, max_new_tokens=10, num_steps=3, cache=False)
     assert [c.tokens for c in a] == [c.tokens for c in b]
     assert len(set(a[1].tokens)) > 3  # not a degenerate repeat of one token
+
+
+def test_matvec_layout_keeps_values_and_cached_logits():
+    # the decode-time layout (weights stored transposed) changes strides only: same values, the tie kept,
+    # and the cached decode still matches the plain model's uncached forward
+    model, r = tiny(**CONFIGS["llama_gqa"]), 3
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    seq = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        ref, _ = model(seq, num_steps=r)
+    prompts = [[5, 6, 7], [1, 2, 3, 4, 8, 9]]
+    plain = generate(model, prompts, max_new_tokens=10, num_steps=r)
+    matvec_layout(model)
+    assert model.lm_head.weight is model.embed_tokens.weight and model.lm_head.weight.stride() == (1, 97)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    got = decode_logits(model, seq, 5, r, KVCache(model.config, 1, 12, r))
+    assert (got - ref).abs().max().item() <= TOL
+    assert [c.tokens for c in generate(model, prompts, max_new_tokens=10, num_steps=r)] == [c.tokens for c in plain]
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
