@@ -79,6 +79,27 @@ def apply_rope(x, cos, sin):
 # attention, MLP, block
 
 
+def attend(q, k, v, mask=None):
+    """softmax(q k^T / sqrt(hd)) v: q (B, nh, T, hd), k and v (B, nkv, S, hd), query head j reading kv head
+    j // (nh / nkv); mask (B, 1, T, S) bool, or None: causal, which needs T == S, or one query (T == 1) that sees
+    every key. With a cache a caller passes an explicit mask."""
+    gqa = q.shape[1] != k.shape[1]
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    # a Python bool, not is_causal=T > 1: under torch.compile T may be symbolic, and T > 1 a SymBool SDPA refuses
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True if q.shape[2] > 1 else False, enable_gqa=gqa)
+
+
+@torch.compiler.disable
+def attend_cached(q, k, v, mask, cache, key):
+    """attend() over the past too: k, v of the new positions go into the KV cache at key = (part, layer, loop)
+    (plumbing/kv_cache.py), which hands back every position's. Eager under --compile (torch.compile of the blocks):
+    the cache's positions, slots and exited rows are Python state that changes every token and its keys are views
+    into preallocated buffers; traced, each change would be a guard and a recompile."""
+    k, v = cache.update(key, k, v)  # (B, nkv, S, hd) with the past prepended
+    return attend(q, k, v, mask)
+
+
 class Attention(nn.Module):
     """Grouped-query attention with rotary embeddings; optional q/k/v bias (Qwen2.5) and q/k RMSNorm
     over the full projection (OLMo-2)."""
@@ -104,14 +125,7 @@ class Attention(nn.Module):
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if cache is not None:
-            k, v = cache.update(key, k, v)  # (B, nkv, S, hd) with the past prepended
-        gqa = self.n_kv_head != self.n_head  # query head j reads kv head j // (nh / nkv)
-        if mask is None:
-            # a causal mask needs T == S; with a cache a caller passes an explicit mask instead
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=gqa)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        y = attend(q, k, v, mask) if cache is None else attend_cached(q, k, v, mask, cache, key)  # (B, nh, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -149,14 +163,16 @@ class Block(nn.Module):
             self.post_feedforward_layernorm = norm()
 
     def forward(self, x, rope, mask=None, cache=None, key=None):
-        attn = lambda z: self.self_attn(z, rope, mask, cache, key)
+        # self_attn takes its arguments directly, not through a closure: torch.compile guards on the values a
+        # closure holds, and key (part, layer, loop) differs from block to block (a recompile each)
+        a = (rope, mask, cache, key)
         if self.layout == "prenorm":
-            x = x + attn(self.input_layernorm(x))
+            x = x + self.self_attn(self.input_layernorm(x), *a)
             return x + self.mlp(self.post_attention_layernorm(x))
         if self.layout == "olmo2":
-            x = x + self.post_attention_layernorm(attn(x))
+            x = x + self.post_attention_layernorm(self.self_attn(x, *a))
             return x + self.post_feedforward_layernorm(self.mlp(x))
-        x = self.post_attention_layernorm(x + attn(self.input_layernorm(x)))
+        x = self.post_attention_layernorm(x + self.self_attn(self.input_layernorm(x), *a))
         return self.post_feedforward_layernorm(x + self.mlp(self.pre_feedforward_layernorm(x)))
 
 

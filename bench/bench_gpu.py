@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train  # noqa: E402
 from bench_train import matmul_flops_per_token  # noqa: E402
 from model import RecurrentConfig, RecurrentGPT  # noqa: E402
+from plumbing.device import compile_blocks  # noqa: E402
 from sample import generate  # noqa: E402
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -101,8 +102,7 @@ def _train_arm(args, device, n, k, B, compiled):
     with torch.device(device):  # random init on the device: 1.2B parameters initialized on the host take long
         model = RecurrentGPT(make_config(args.shape, args.cut))
     if compiled:  # the blocks only, as train.py --compile does (the loop over r has a data-dependent length)
-        for block in (*model.prelude, *model.core, *model.coda):
-            block.compile(backend=args.compile_backend)
+        compile_blocks(model, backend=args.compile_backend)
     opts, _ = train.make_optimizers(model, argparse.Namespace(**{**train.DEFAULTS, "optimizer": "muon"}))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)  # plumbing/device.py's on CUDA; the same on CPU
     T, V = args.seq, model.config.vocab_size

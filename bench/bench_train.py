@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from model import RecurrentConfig, RecurrentGPT  # noqa: E402
 from muon import Muon  # noqa: E402
+from plumbing.device import compile_blocks  # noqa: E402
 
 
 def smollm2_config(shape):
@@ -78,8 +79,7 @@ def bench_peak(args):
     time it allowed."""
     model = RecurrentGPT(smollm2_config(args.shape))
     if args.compile:  # the blocks only, as train.py --compile does
-        for block in (*model.prelude, *model.core, *model.coda):
-            block.compile()
+        compile_blocks(model)
     r, k = args.r, 8
     B, T = args.batch_size, args.seq
     step = train_step_fn(model, B, T, (max(r - k, 0), min(r, k)))

@@ -1,10 +1,13 @@
 """
-One place decides processes, device and precision for training: torchrun's environment (RANK,
-LOCAL_RANK, WORLD_SIZE) or one process; bf16 autocast with fp32 master weights on CUDA, plain fp32 on
-CPU. The same code path runs at world size 1 and on CPU (train.py never asks which one it is in, except
-to wrap the model in DistributedDataParallel and to average the loss it prints).
+One place decides processes, device and precision: torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE)
+or one process (train.py); bf16 autocast with fp32 master weights on CUDA, plain fp32 on CPU, for
+train.py, sample.py and eval_math.py alike (autocast_context; --autocast bf16 forces it on the CPU too,
+to rehearse the GPU's numerics; off: fp32 everywhere). The same code path runs at world size 1 and on CPU
+(train.py never asks which one it is in, except to wrap the model in DistributedDataParallel and to
+average the loss it prints).
 
     python train.py --device cpu ...                                     # one process
+    python train.py --device cpu --autocast bf16 ...                     # bf16 autocast on the CPU
     torchrun --standalone --nproc_per_node=8 train.py --config config/llama_4_6_4.json
     torchrun --standalone --nproc_per_node=2 train.py --device cpu ...   # gloo, as tests/test_train.py does
 """
@@ -16,9 +19,25 @@ import torch
 import torch.distributed as dist
 
 
-def setup(device="auto"):
-    """Returns (ddp, rank, world, device, autocast). device: auto (cuda when available) | cpu | cuda | cuda:N;
-    under torchrun each rank takes cuda:LOCAL_RANK (nccl), or the CPU (gloo) with --device cpu."""
+AUTOCAST = ("auto", "bf16", "off")  # the --autocast choices of train.py, sample.py and eval_math.py
+
+
+def autocast_context(device, choice="auto"):
+    """The precision a forward pass runs under, as a reusable context: bf16 autocast with the weights left
+    fp32 (choice auto: on CUDA only; bf16: on any device, the CPU included), or none (plain fp32: auto on
+    the CPU, off everywhere). device: a torch.device or its name ("cpu", "cuda:1")."""
+    if choice not in AUTOCAST:
+        raise ValueError(f"autocast must be one of {', '.join(AUTOCAST)}, not {choice!r}")
+    kind = torch.device(device).type
+    if choice == "bf16" or (choice == "auto" and kind == "cuda"):
+        return torch.autocast(kind, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def setup(device="auto", autocast="auto"):
+    """Returns (ddp, rank, world, device, autocast context). device: auto (cuda when available) | cpu | cuda |
+    cuda:N; under torchrun each rank takes cuda:LOCAL_RANK (nccl), or the CPU (gloo) with --device cpu.
+    autocast: a choice of AUTOCAST (autocast_context)."""
     ddp = int(os.environ.get("RANK", -1)) != -1  # launched by torchrun
     if ddp:
         use_cuda = torch.cuda.is_available() and device in ("auto", "cuda")
@@ -30,5 +49,33 @@ def setup(device="auto"):
     else:
         rank, world = 0, 1
         dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else contextlib.nullcontext()
-    return ddp, rank, world, dev, autocast
+    return ddp, rank, world, dev, autocast_context(dev, autocast)
+
+
+def compile_blocks(model, backend="inductor"):
+    """--compile of train.py, sample.py and eval_math.py: torch.compile every block of the prelude, core and coda,
+    in place (inductor: C++ on the CPU, Triton on CUDA). The blocks, not forward: the loop over r has a
+    data-dependent length (a new r every step, an exit rule), so it stays Python and every loop calls the same
+    compiled code; the blocks of one layout share their graphs (the weights are inputs, not constants).
+    dynamic=True makes every size symbolic from the first call: the sequence (train rows cut to their labels,
+    prompts), the batch (eval batches, rows leaving an adaptive exit) and the KV cache's length, one longer every
+    decode token, would each cost a recompile otherwise, and past torch._dynamo.config.recompile_limit (8) dynamo
+    runs eagerly without a word. Sizes of 1 (a decode step, one prompt), grad / no-grad / inference mode and a mask
+    or none still get graphs of their own: a bounded few, whatever r (tests/test_compile.py counts them). The
+    cache and the attention over it stay eager (model.attend_cached). The state dict keeps its names."""
+    for block in (*model.prelude, *model.core, *model.coda):
+        block.compile(backend=backend, dynamic=True)
+    return model
+
+
+def matvec_layout(model):
+    """Store every Linear weight (and the tied embedding) transposed in memory, in place: the same values
+    and shapes, strides (1, out). A decode step is matrix-vector work, and PyTorch's CPU kernel for
+    x @ W^T reads W^T row-major about twice as fast on the 49k x 576 head of SmolLM2 (12 vs 25 ms, one
+    thread), a few % to ~8% of a whole r=1 step (bench/bench_sample.py section 1); results agree to fp32
+    rounding. Explicit (sample.py main() calls it on CPU) because it changes the caller's tensors. Returns the model."""
+    with torch.no_grad():
+        for mod in model.modules():
+            if isinstance(mod, torch.nn.Linear) and mod.weight.is_contiguous():
+                mod.weight.data = mod.weight.data.t().contiguous().t()  # (out, in), stride (1, out)
+    return model
