@@ -10,7 +10,8 @@ EOS, batched prompts with left padding):
 - adaptive exit per token: stop looping once the state or the prediction stops moving (--exit):
   kl, entropy-diff, latent-diff, cosine or argmax, with Huginn's default thresholds; later tokens
   read an exited token's latest KV entry (policy in kv_cache.py). In a batch, a row that exited
-  keeps its state while the others loop on; the step ends when every row has exited (or at r);
+  keeps its state and leaves the batch, the core loops on the other rows only; the step ends when
+  every row has exited (or at r);
 - warm start ("continuous CoT"): the next token starts from the last token's final state;
 - self-speculative decoding: draft a few tokens with few loops, verify them in one pass at r loops
   and keep the agreeing prefix (--draft_r; greedy only).
@@ -41,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from plumbing.cli import THREADS_HELP, Parser, at_least, default_threads, str2bool
+from plumbing.device import AUTOCAST, autocast_context, compile_blocks, matvec_layout  # noqa: F401 (matvec_layout: sample.matvec_layout for callers)
 from plumbing.kv_cache import KVCache, WriteRows
 from plumbing.tokenizer import prompt_ids, stop_ids
 
@@ -127,6 +129,11 @@ class ExitRule:
         self.prev = None  # last loop's log-probs / entropy / argmax
         self.stable = None  # argmax: loops in a row with an unchanged argmax
 
+    def keep(self, rows):
+        """Forget the rows that left the loop: rows, (n,) bool over the rows of the last call."""
+        self.prev = None if self.prev is None else self.prev[rows]
+        self.stable = None if self.stable is None else self.stable[rows]
+
     def converged(self, i, s_prev, s, logits):
         """i: 0-based loop just run; s_prev, s: (B, 1, h); logits (B, 1, V) or None -> (B,) bool."""
         c = self.criterion
@@ -188,10 +195,12 @@ class CachedForward:
         allowed = self.key_valid[:, None, :S] & (j <= q)  # (B, T, S)
         return (allowed | (j == q))[:, None]  # a pad query sees itself: no empty softmax row (NaN)
 
-    def run(self, idx, num_loops=None, adaptive=False):
+    def run(self, idx, num_loops=None, adaptive=False, last_only=False):
         """idx (B, T) new tokens -> logits (B, T, V), loops (B,). num_loops: this pass's r (default
-        self.r). adaptive (T == 1 only) applies the exit rule per row: exited rows keep their state
-        and stop writing the cache."""
+        self.r). adaptive (T == 1 only) applies the exit rule per row: exited rows keep their state,
+        stop writing the cache and leave the batch (_exit_loops). last_only: logits (B, 1, V) of the last
+        position only (a prefill): the head, a 49k-vocabulary matmul for the parents, skips the rest
+        (B x T x V fp32 logits are 2 GB for 32 GSM8K prompts)."""
         m, cache = self.model, self.cache
         B, T = idx.shape
         r = self.r if num_loops is None else num_loops
@@ -212,39 +221,52 @@ class CachedForward:
             for i in range(r):
                 s = m.iterate(s, e, rope, i, mask, cache)
         else:  # Huginn §6.1, per row: a row that converged stops looping and writing; the rest go on
-            rule.reset()
-            active = torch.ones(B, dtype=torch.bool, device=idx.device)
-            for i in range(r):
-                s_new = m.iterate(s, e, rope, i, mask, WriteRows(cache, active))
-                s_new = torch.where(active.view(-1, 1, 1), s_new, s)  # exited rows stay put
-                logits = m.readout(s_new, rope, mask, cache) if rule.needs_readout else None
-                done = rule.converged(i, s, s_new, logits) & active
-                s = s_new
-                if i + 1 < r and bool(done.any()):
-                    loops[done.cpu()] = i + 1
-                    cache.mark_exited(done, i + 1)
-                    active = active & ~done
-                    if not bool(active.any()):
-                        break
+            s, logits = self._exit_loops(s, e, rope, mask, r, loops)
         if logits is None:
-            logits = m.readout(s, rope, mask, cache)
+            last = None
+            if last_only and T > 1:
+                last = torch.zeros(B, T, dtype=torch.bool, device=idx.device)
+                last[:, -1] = True
+            logits = m.readout(s, rope, mask, cache, positions=last)  # (B, T, V), or (B, V) at last
+            logits = logits if last is None else logits.view(B, 1, -1)
         self.warm = s[:, -1:]
         if cache is not None:
             self.pos += T
         return logits, loops
 
-
-def matvec_layout(model):
-    """Store every Linear weight (and the tied embedding) transposed in memory, in place: the same values
-    and shapes, strides (1, out). A decode step is matrix-vector work, and PyTorch's CPU kernel for
-    x @ W^T reads W^T row-major about twice as fast on the 49k x 576 head of SmolLM2 (12 vs 25 ms, one
-    thread), a few % to ~8% of a whole r=1 step (bench/bench_sample.py section 1); results agree to fp32
-    rounding. Explicit (main() calls it on CPU) because it changes the caller's tensors. Returns the model."""
-    with torch.no_grad():
-        for mod in model.modules():
-            if isinstance(mod, torch.nn.Linear) and mod.weight.is_contiguous():
-                mod.weight.data = mod.weight.data.t().contiguous().t()  # (out, in), stride (1, out)
-    return model
+    def _exit_loops(self, s, e, rope, mask, r, loops):
+        """The loops of an adaptive step. After every loop the rows that converged leave the batch: the
+        next loop runs on the n rows still looping only (their state, e, rotary and mask gathered; the cache
+        writes and returns theirs only), so a step costs the loops its rows ran, not B times the slowest
+        row's. Fills loops (B,) in place; returns every row's final state (B, 1, h) and, when the rule
+        reads out after every loop, each row's logits of its last loop (B, 1, V), else None."""
+        m, cache, rule, B = self.model, self.cache, self.exit_rule, s.shape[0]
+        rule.reset()
+        rows = torch.arange(B, device=s.device)  # the rows still looping
+        out, lg = s.clone(), None
+        out_logits = torch.empty(B, 1, m.config.vocab_size, device=s.device) if rule.needs_readout else None
+        for i in range(r):
+            view = cache if len(rows) == B else WriteRows(cache, rows)  # all rows: the plain cache, no gather
+            s_new = m.iterate(s, e, rope, i, mask, view)  # (n, 1, h)
+            lg = m.readout(s_new, rope, mask, view) if rule.needs_readout else None
+            done = rule.converged(i, s, s_new, lg)  # (n,) bool
+            s = s_new
+            if i + 1 < r and bool(done.any()):
+                gone, keep = rows[done], ~done
+                out[gone] = s[done]
+                if lg is not None:
+                    out_logits[gone], lg = lg[done], lg[keep]
+                loops[gone.cpu()] = i + 1
+                cache.mark_exited(gone, i + 1)
+                rule.keep(keep)
+                rows, s, e = rows[keep], s[keep], e[keep]
+                rope, mask = tuple(t[keep] for t in rope), None if mask is None else mask[keep]
+                if len(rows) == 0:
+                    break
+        out[rows] = s
+        if lg is not None:
+            out_logits[rows] = lg
+        return out, out_logits
 
 
 def sample_next(logits, temperature=0.0, top_k=None, top_p=None, generator=None):
@@ -277,10 +299,13 @@ def generate(model, prompts, *, max_new_tokens, num_steps, eos_id=None, seed=Non
     """Complete each prompt (a list of token ids); batched with left padding. num_steps: core loops per
     token (None: config.mean_recurrence; the word of model.forward). eos_id: an int, a collection of
     ints or None. seed: of the sampling and s_0 draws. stats: an optional dict that receives timings
-    and counts. options: the other fields of DecodeOptions (temperature, top_k, top_p, cache, kv_budget,
-    exit_criterion, exit_threshold, exit_min_loops, warm_start, draft_r, draft_k, stop), with their
-    defaults there; an unknown one is a TypeError. stop: a callable(row, tokens) -> bool, asked after
-    every new token of a row (its new tokens so far); True ends that row as EOS would (stop strings).
+    and counts; of batched decoding (not draft_r) also loops_run, the core loops the decode steps ran
+    summed over the batch's rows (finished rows included: they stay in the batch), against loops_run_max,
+    steps x rows x r (what a fixed r runs; adaptive exit lowers the first). options: the other fields of
+    DecodeOptions (temperature, top_k, top_p, cache, kv_budget, exit_criterion, exit_threshold,
+    exit_min_loops, warm_start, draft_r, draft_k, stop), with their defaults there; an unknown one is a
+    TypeError. stop: a callable(row, tokens) -> bool, asked after every new token of a row (its new
+    tokens so far); True ends that row as EOS would (stop strings).
     Returns one Completion per prompt."""
     c = model.config
     r = (num_steps if num_steps is not None else c.mean_recurrence) if c.recurrent else 1
@@ -290,7 +315,8 @@ def generate(model, prompts, *, max_new_tokens, num_steps, eos_id=None, seed=Non
     device = model.embed_tokens.weight.device
     gen = torch.Generator(device).manual_seed(seed) if seed is not None else None
     stats = {} if stats is None else stats
-    stats.update(prefill_s=0.0, decode_s=0.0, decode_tokens=0, decode_loops=0, kv_bytes=0, drafted=0, accepted=0)
+    stats.update(prefill_s=0.0, decode_s=0.0, decode_tokens=0, decode_loops=0, kv_bytes=0, drafted=0, accepted=0,
+                 loops_run=0, loops_run_max=0)
     was_training = model.training
     model.eval()
     try:
@@ -332,7 +358,7 @@ def _batch(model, prompts, opt, gen, stats):
     fwd = CachedForward(model, pads, max_len, opt.r, kv, rule, opt.warm_start, gen)
     stats["kv_bytes"] = kv.nbytes if kv is not None else 0
     t0 = time.perf_counter()
-    logits, loops = fwd.run(idx)
+    logits, loops = fwd.run(idx, last_only=True)
     stats["prefill_s"] = time.perf_counter() - t0
     out = [Completion([], []) for _ in prompts]
     done = [False] * B
@@ -350,9 +376,11 @@ def _batch(model, prompts, opt, gen, stats):
             logits, loops = fwd.run(nxt[:, None], adaptive=rule is not None)
         else:  # recompute the whole sequence (the reference the cache must match)
             idx = torch.cat([idx, nxt[:, None]], dim=1)
-            logits, loops = fwd.run(idx)
+            logits, loops = fwd.run(idx, last_only=True)
         stats["decode_tokens"] += sum(not d for d in done)
         stats["decode_loops"] += sum(n for n, d in zip(loops.tolist(), done) if not d)
+        stats["loops_run"] += int(loops.sum())  # a row's loops are what the core ran for it (_exit_loops)
+        stats["loops_run_max"] += B * opt.r
     stats["decode_s"] = time.perf_counter() - t0
     return out
 
@@ -367,7 +395,7 @@ def _speculative(model, prompt, opt, gen, stats):
     fwd = CachedForward(model, [0], max_len, r, kv, generator=gen)
     stats["kv_bytes"] = max(stats["kv_bytes"], kv.nbytes)
     t0 = time.perf_counter()
-    logits, _ = fwd.run(torch.tensor([prompt], device=device))
+    logits, _ = fwd.run(torch.tensor([prompt], device=device), last_only=True)
     stats["prefill_s"] += time.perf_counter() - t0
     t0 = time.perf_counter()
     tok = int(logits[0, -1].argmax())
@@ -428,6 +456,9 @@ def parse_args(argv=None):
     p.add_argument("--chat", **flag, help="wrap each prompt in the parent's chat template")
     p.add_argument("--bos", type=str2bool, default=True, help="start plain prompts with the parent's document separator (BOS or <|endoftext|>)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1")
+    p.add_argument("--autocast", default="auto", choices=AUTOCAST, help="bf16 autocast: auto (on CUDA) | bf16 | off")
+    p.add_argument("--compile", **flag, help="torch.compile the blocks, CPU or CUDA (plumbing/device.py); the first "
+                   "prefill and decode step then include compiling")
     p.add_argument("--threads", type=int, default=default_threads(), help=THREADS_HELP)
     args = p.parse_args(argv)
     try:  # before the model loads: each wrong flag by name
@@ -474,6 +505,8 @@ def main(argv=None):
         model, tok_path = load_model(args.init, device=args.device)
         if model.embed_tokens.weight.device.type == "cpu":
             matvec_layout(model)
+        if args.compile:
+            compile_blocks(model)
         tok = load_tokenizer(tok_path)
         ids = [encode(tok, p, args.chat, args.bos) for p in prompts]
         warning = context_warning(model.config, ids, args.max_new_tokens)
@@ -481,11 +514,12 @@ def main(argv=None):
             print(warning, file=sys.stderr)
         eos = stop_ids(tok, args.chat)
         stats = {}
-        outs = generate(model, ids, max_new_tokens=args.max_new_tokens, num_steps=args.r,
-                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=eos or None,
-                        seed=args.seed, cache=args.cache, kv_budget=args.kv_budget, exit_criterion=args.exit,
-                        exit_threshold=args.exit_threshold, warm_start=args.warm_start, draft_r=args.draft_r,
-                        draft_k=args.draft_k, exit_min_loops=args.exit_min_loops, stats=stats)
+        with autocast_context(model.embed_tokens.weight.device, args.autocast):  # bf16 on CUDA (plumbing/device.py)
+            outs = generate(model, ids, max_new_tokens=args.max_new_tokens, num_steps=args.r,
+                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=eos or None,
+                            seed=args.seed, cache=args.cache, kv_budget=args.kv_budget, exit_criterion=args.exit,
+                            exit_threshold=args.exit_threshold, warm_start=args.warm_start, draft_r=args.draft_r,
+                            draft_k=args.draft_k, exit_min_loops=args.exit_min_loops, stats=stats)
     except (ValueError, FileNotFoundError, CheckpointError, SurgeryError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
@@ -500,6 +534,10 @@ def main(argv=None):
     print(f"{len(outs)} prompts, {n_new} new tokens: prefill {stats['prefill_s']:.2f}s, decode {dec:.1f} tok/s, "
           f"mean loops per token {sum(loops) / max(len(loops), 1):.2f}, KV cache "
           f"{stats['kv_bytes'] / 2**20:.1f} MiB", file=sys.stderr)
+    if args.exit is not None and stats["loops_run_max"]:
+        run, fixed = stats["loops_run"], stats["loops_run_max"]
+        print(f"adaptive exit: the decode steps ran {run} core loops (summed over rows) of the {fixed} a fixed r "
+              f"runs ({run / fixed:.0%})", file=sys.stderr)
     if args.draft_r is not None:
         rate = stats["accepted"] / max(stats["drafted"], 1)
         print(f"self-speculative: {stats['accepted']}/{stats['drafted']} drafts accepted ({rate:.0%}), "

@@ -8,9 +8,10 @@ budget of N slots per core layer: loop i writes slot i mod N, so memory stops gr
 
 The model talks to a cache through `cache.update(key, k, v) -> (k_all, v_all)` with key =
 (part, layer, loop) (see model.py); sample.py calls `cache.start(pos, T, r)` (where the T new
-positions go) before each forward pass, and hands the core `WriteRows(cache, rows)` while only some
-rows may write (adaptive exit). Everything is preallocated to (B, n_kv_head, max_len, head_dim), so a
-decode step copies one position in place instead of concatenating the past.
+positions go) before each forward pass, and hands the core and coda `WriteRows(cache, rows)` while
+they run on some rows only (adaptive exit: the rows still looping). Everything is preallocated to
+(B, n_kv_head, max_len, head_dim), so a decode step copies one position in place instead of
+concatenating the past.
 
     python -m pytest -q tests/test_sample.py     # cached == uncached logits, budgets, adaptive exit
 """
@@ -42,8 +43,10 @@ class KVCache:
     - p exited (adaptive exit) before loop i: p's latest entry, its last loop n_p - 1,
       which sits in slot (n_p - 1) mod N.
     `n_run` (B, max_len) holds how many loops each position ran; sample.py sets it through
-    start() (every new position runs r) and mark_exited(). update(..., rows) writes core entries
-    of the rows that are True only: exited rows keep their own entries in their slots.
+    start() (every new position runs r) and mark_exited(). update(..., rows) takes the keys and values
+    of those rows only, writes them and returns theirs: exited rows keep their own entries in their slots.
+    A row that exited at the current step has left the batch (sample.py's _exit_loops): its entry is
+    read from the next step on, so within a step the reads depend on the earlier positions only.
     A pass over several new tokens (prefill, a speculative verify) writes loop i of all of them
     before any reads it, so with N < r they see each other's loop-i entries, where
     token-by-token decoding would read the latest entry of that slot: with a budget, prefill and
@@ -68,8 +71,8 @@ class KVCache:
         self.coda = new(2, c.n_coda)
         self.n_run = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
         self.pos = self.end = 0  # the forward pass in progress writes positions [pos, end)
-        self.min_run = 0  # min of n_run[:, :end]: below it no position has exited, reads are plain slots
-        self._slots = {}  # loop -> (B, end) slot index per position, while some position exited
+        self.min_run = 0  # min of n_run[:, :end] at start(): below it no position has exited, reads are plain slots
+        self._rows = {}  # loop -> (B, nkv, end) row of each entry read in core[k or v, layer].view(-1, hd)
 
     @property
     def nbytes(self):
@@ -83,49 +86,51 @@ class KVCache:
         self.pos, self.end = pos, pos + T
         self.n_run[:, pos:pos + T] = r
         self.min_run = int(self.n_run[:, :pos + T].min())
-        self._slots = {}
+        self._rows = {}
 
     def mark_exited(self, rows, n):
-        """Rows (a (B,) bool tensor) exited after n loops at the current one-token step."""
-        self.n_run[:, self.pos] = torch.where(rows, n, self.n_run[:, self.pos])
-        self.min_run = min(self.min_run, n)
-        self._slots = {}
+        """Rows (indices, or a (B,) bool tensor) exited after n loops at the current one-token step; they read
+        nothing more in this step, so min_run and the read map stay (the next start() takes them in)."""
+        self.n_run[rows, self.pos] = n
 
     def update(self, key, k, v, rows=None):
         """Write k, v (B, nkv, T, hd) at the announced positions; return all keys and values so far as
-        the loop reads them (the policy above). rows: (B,) bool, the rows that write core entries
-        (None: all)."""
+        the loop reads them (the policy above). rows: (n,) long, the batch rows that k and v (n, nkv, T, hd)
+        belong to (None: all B): only those write, and only theirs come back, a gathered copy."""
         part, layer, i = key
         a, b = self.pos, self.end
         if k.shape[2] != b - a:
             raise ValueError(f"cache.start() announced {b - a} new positions, got {k.shape[2]}")
-        if part != "core":
+        if part == "core":
+            slots = self.core[:, layer]  # (2, N, B, nkv, S, hd)
+            kv = slots[:, i % self.n_slots]
+        else:
             kv = self.prelude[:, layer] if part == "prelude" else self.coda[:, layer]  # (2, B, nkv, S, hd)
-            kv[0, :, :, a:b], kv[1, :, :, a:b] = k, v
-            return kv[0, :, :, :b], kv[1, :, :, :b]
-        slots = self.core[:, layer]  # (2, N, B, nkv, S, hd)
-        kv = slots[:, i % self.n_slots]
-        if rows is not None:  # exited rows keep their entry
-            keep = ~rows.view(-1, 1, 1, 1)
-            k = torch.where(keep, kv[0, :, :, a:b], k)
-            v = torch.where(keep, kv[1, :, :, a:b], v)
-        kv[0, :, :, a:b], kv[1, :, :, a:b] = k, v
-        if i < self.min_run:  # every position ran this loop: one slot holds them all
-            return kv[0, :, :, :b], kv[1, :, :, :b]
-        if i not in self._slots:  # exited positions read the slot of their last loop
+        at = slice(None) if rows is None else rows
+        kv[0, at, :, a:b], kv[1, at, :, a:b] = k, v
+        if part != "core" or i < self.min_run:  # one slot holds every position's entry (below min_run all ran i)
+            if rows is None:
+                return kv[0, :, :, :b], kv[1, :, :, :b]  # views, no copy
+            # index_select copies whole (nkv, b, hd) rows, ~3x faster than the same advanced index on this CPU
+            return kv[0, :, :, :b].index_select(0, rows), kv[1, :, :, :b].index_select(0, rows)
+        if i not in self._rows:  # exited positions read the slot of their last loop
             run = self.n_run[:, :b]
-            self._slots[i] = torch.where(run > i, i % self.n_slots, (run - 1) % self.n_slots)
-        B = k.shape[0]
-        batch = torch.arange(B, device=k.device)[:, None]
-        cols = torch.arange(b, device=k.device)[None]
-        g = slots[:, :, :, :, :b].permute(1, 2, 4, 0, 3, 5)[self._slots[i], batch, cols]  # (B, S, 2, nkv, hd)
-        return g[:, :, 0].transpose(1, 2), g[:, :, 1].transpose(1, 2)
+            slot = torch.where(run > i, i % self.n_slots, (run - 1) % self.n_slots)  # (B, b)
+            N, B, nkv, L, hd = slots.shape[1:]
+            row, head = torch.arange(B, device=k.device)[:, None, None], torch.arange(nkv, device=k.device)[:, None]
+            # the entry (slot, row, head, p) of the contiguous (N, B, nkv, L, hd) block, as a row of its (-1, hd) view
+            self._rows[i] = ((slot[:, None] * B + row) * nkv + head) * L + torch.arange(b, device=k.device)
+        idx = self._rows[i][at]  # (n, nkv, b)
+        # one index_select of hd-float rows per k and v: a copy at memcpy speed, far faster than advanced indexing
+        take = lambda t: t.reshape(-1, t.shape[-1]).index_select(0, idx.reshape(-1)).view(*idx.shape, -1)
+        return take(slots[0]), take(slots[1])
 
 
 class WriteRows:
-    """A cache as model.iterate sees it while only some rows write (adaptive exit): the model's blocks
-    call update(key, k, v), and this passes `rows` ((B,) bool) on. sample.py says at the call site which
-    rows write, instead of a flag on the cache that update() would have to read."""
+    """A cache as model.iterate and model.readout see it while they run on some rows only (adaptive exit):
+    the model's blocks call update(key, k, v), and this passes `rows` ((n,) long, the batch rows of k and v)
+    on. sample.py says at the call site which rows run, instead of a flag on the cache that update() would
+    have to read."""
 
     def __init__(self, cache, rows):
         self.cache, self.rows = cache, rows

@@ -19,14 +19,17 @@ import json
 import math
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+import sample
 import train
 from model import RecurrentConfig, RecurrentGPT
+from plumbing.device import autocast_context
 from plumbing.kv_cache import KVCache
 from sample import CachedForward, ExitRule, generate
 
@@ -168,14 +171,8 @@ TINY = ["--init=scratch", "--shape", "1,1,1", "--n_embd=32", "--n_head=2", "--ba
 
 def test_train_main_under_cpu_autocast(depth_dir, tmp_path, monkeypatch):
     """train.main's whole loop (r sampling, truncated backprop, clipping, Muon + AdamW, eval, save) with bf16
-    autocast forced on the CPU. plumbing/device.setup gives the CPU no autocast and has no flag for it, so the
-    test wraps the real setup and swaps only its autocast (train.py imports `setup` by name)."""
-    real_setup = train.setup
-
-    def bf16_setup(device="auto"):
-        ddp, rank, world, dev, _ = real_setup(device)
-        return ddp, rank, world, dev, torch.autocast(dev.type, dtype=torch.bfloat16)
-
+    autocast forced on the CPU by --autocast bf16 (plumbing/device.autocast_context); the default, auto, runs the
+    CPU in fp32."""
     calls, forward = [], train.RecurrentGPT.forward
 
     def spy(self, *a, **kw):  # the real forward; what it ran under and what it returned
@@ -186,8 +183,7 @@ def test_train_main_under_cpu_autocast(depth_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(train.RecurrentGPT, "forward", spy)
     train.main([*TINY, "--data", str(depth_dir), "--out_dir", str(tmp_path / "fp32")])
     n_fp32 = len(calls)
-    monkeypatch.setattr(train, "setup", bf16_setup)
-    train.main([*TINY, "--data", str(depth_dir), "--out_dir", str(tmp_path / "bf16")])
+    train.main([*TINY, "--autocast", "bf16", "--data", str(depth_dir), "--out_dir", str(tmp_path / "bf16")])
     assert all(not c[0] for c in calls[:n_fp32]) and all(c[0] for c in calls[n_fp32:])  # train steps and evals
     assert all(c[1:] == (torch.float32,) * 3 for c in calls)  # fp32 logits, loss and master weights throughout
     log = lambda d: [json.loads(line) for line in open(tmp_path / d / "log.jsonl")]
@@ -202,6 +198,52 @@ def test_train_main_under_cpu_autocast(depth_dir, tmp_path, monkeypatch):
     assert abs(val["1"]["loss"] - val32["1"]["loss"]) < 0.1
     saved = load_file(tmp_path / "bf16" / "model.safetensors")  # what a bf16 run saves: the fp32 master weights
     assert saved and all(t.dtype == torch.float32 for t in saved.values())
+
+
+def test_autocast_context_choices():
+    """plumbing/device.autocast_context, what train.py, sample.py and eval_math.py run under: bf16 on CUDA by
+    default, fp32 on the CPU unless bf16 forces it there, off anywhere; a bad choice is one line."""
+    for device, choice, on in (("cpu", "auto", False), ("cpu", "bf16", True), ("cpu", "off", False),
+                               (torch.device("cpu"), "bf16", True)):
+        with autocast_context(device, choice):
+            assert torch.is_autocast_enabled("cpu") == on
+            assert not on or torch.get_autocast_dtype("cpu") == torch.bfloat16
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # without a GPU, torch warns and disables the CUDA context it builds
+        cuda = autocast_context("cuda:1")
+    assert isinstance(cuda, torch.autocast) and (cuda.device, cuda.fast_dtype) == ("cuda", torch.bfloat16)
+    assert isinstance(autocast_context("cuda", "off"), contextlib.nullcontext)
+    with pytest.raises(ValueError, match="autocast must be one of auto, bf16, off, not 'fp16'"):
+        autocast_context("cpu", "fp16")
+    with pytest.raises(train.TrainError, match="--autocast must be one of"):
+        train.parse_args(["--autocast", "fp16"])
+
+
+def test_sample_main_decodes_under_the_chosen_autocast(tmp_path, monkeypatch, capsys):
+    """sample.py's main decodes under autocast_context (bf16 on CUDA, as eval_math.py): on the CPU in fp32 by
+    default, in bf16 with --autocast bf16."""
+    from plumbing.hub import packaged_smollm2_gguf
+    from plumbing.tokenizer import save_tokenizer_files
+
+    ckpt = tmp_path / "ckpt"
+    tiny(vocab_size=49152).save_pretrained(str(ckpt))
+    save_tokenizer_files(packaged_smollm2_gguf(), str(ckpt))
+    seen, real = [], sample.generate
+
+    def spy(*a, **kw):  # the real generate; whether it ran under CPU autocast
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(sample, "generate", spy)
+    texts = []
+    for choice in ("auto", "bf16", "off"):
+        sample.main(["--init", str(ckpt), "--r=2", "--prompt=Hello", "--max_new_tokens=3", "--temperature=0",
+                     "--threads=1", f"--autocast={choice}"])
+        texts.append(capsys.readouterr().out)
+    assert seen == [False, True, False]
+    assert texts[0] == texts[2] and texts[0].strip()  # auto on the CPU is fp32, as off
+    with pytest.raises(SystemExit):
+        sample.parse_args(["--autocast", "fp16"])
 
 
 # -----------------------------------------------------------------------------

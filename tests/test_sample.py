@@ -66,6 +66,17 @@ def test_cached_logits_match_uncached_forward(name, r):
         assert (got - ref).abs().max().item() <= tol
 
 
+def test_prefill_reads_out_the_last_position_only():
+    # generate's prefill asks for the last position's logits only (B x T x V fp32 logits are GBs for an eval
+    # batch): the full readout's last column, with left padding
+    model, r = tiny(**CONFIGS["llama_gqa"]), 3
+    pads, idx = [3, 0], torch.tensor([[0, 0, 0, 5, 6, 7], [1, 2, 3, 4, 8, 9]])
+    full, _ = CachedForward(model, pads, 8, r, KVCache(model.config, 2, 8, r)).run(idx)
+    last, _ = CachedForward(model, pads, 8, r, KVCache(model.config, 2, 8, r)).run(idx, last_only=True)
+    assert full.shape == (2, 6, 97) and last.shape == (2, 1, 97)
+    assert (last - full[:, -1:]).abs().max().item() <= TOL
+
+
 def test_generate_cache_equals_recompute():
     model = tiny(**CONFIGS["llama_gqa"])
     prompts = [[5, 6, 7], [1, 2, 3, 4, 8, 9]]
@@ -172,6 +183,38 @@ def test_adaptive_exit_batched_equals_unbatched():
         assert len(loops) > 3  # rows and tokens exit at different loops
 
 
+@pytest.mark.parametrize("criterion,threshold", [("entropy-diff", 0.01), ("argmax", 2), ("latent-diff", 0.3)])
+def test_exited_rows_leave_the_batch(criterion, threshold):
+    """The core runs only on the rows still looping: the tokens and loops of each row are those of the row
+    decoded alone (where no row can leave a batch before the step ends), and the core's own count of the rows
+    it ran, loop by loop, equals stats' loops_run: fewer than rows x r_max once rows exit early. Left padding
+    (a mask), a KV budget (the shared-slot reads) and the three kinds of rule state (readout, argmax count,
+    none) each take the gathered path."""
+    model = tiny(seed=3, std=0.1, **CONFIGS["huginn_sandwich"])
+    prompts = [[3, 1, 4], [1, 5, 9, 2, 6], [2, 7], [8, 8, 1, 30]]
+    kw = dict(max_new_tokens=8, num_steps=12, exit_criterion=criterion, exit_threshold=threshold)
+    ran = []  # rows the first core layer ran on, per call of a one-token decode step
+
+    def count(mod, inp, out):
+        if inp[0].shape[1] == 1:
+            ran.append(inp[0].shape[0])
+
+    hook = model.core[0].register_forward_hook(count)
+    for budget in (None, 4):
+        ran.clear()
+        stats = {}
+        batched = generate(model, prompts, kv_budget=budget, stats=stats, **kw)
+        computed = sum(ran)
+        single = [generate(model, [p], kv_budget=budget, **kw)[0] for p in prompts]
+        assert [(c.tokens, c.loops) for c in batched] == [(c.tokens, c.loops) for c in single]
+        steps = kw["max_new_tokens"] - 1  # the first token comes from the prefill
+        assert stats["loops_run_max"] == steps * len(prompts) * kw["num_steps"]
+        assert computed == stats["loops_run"] == sum(sum(c.loops[1:]) for c in batched)
+        assert computed < stats["loops_run_max"]
+        assert len(set(ran)) > 2  # the batch shrank to different sizes within steps
+    hook.remove()
+
+
 class NaiveSharedCache:
     """The KV-sharing policy written plainly, as the reference for KVCache: every (row, position) keeps
     every loop it ran; loop i reads, for each position that ran loop i, the latest loop j = i (mod N)
@@ -189,12 +232,11 @@ class NaiveSharedCache:
 
     def update(self, key, k, v, rows=None):
         part, layer, i = key
-        B, _, T, _ = k.shape
+        n, _, T, _ = k.shape
         out_k, out_v = [], []
-        for b in range(B):
+        for row, b in enumerate(range(n) if rows is None else rows.tolist()):  # k[row] is batch row b's
             for t in range(T):
-                if part != "core" or rows is None or bool(rows[b]):
-                    self.store.setdefault((part, layer, b, self.pos + t), {})[i] = (k[b, :, t], v[b, :, t])
+                self.store.setdefault((part, layer, b, self.pos + t), {})[i] = (k[row, :, t], v[row, :, t])
             ks, vs = [], []
             for p in range(self.pos + T):
                 runs = self.store[(part, layer, b, p)]
@@ -356,6 +398,11 @@ def test_cli_prints_only_completions_on_stdout(tmp_path, capsys):
     texts = [tok.decode([t for t in c.tokens if t != tok.eos_id]) for c in expect]
     assert out.out == texts[0] + "\n---------------\n" + texts[1] + "\n"
     assert "config:" in out.err and "mean loops per token 2.00" in out.err
+    # an exit at the earliest loop (2 of r = 4) for every row: 3 decode steps x 2 rows x 2 of the 3 x 2 x 4 loops
+    main(["--init", str(ckpt), "--r=4", f"--prompt=FILE:{tmp_path / 'p.txt'}", "--max_new_tokens", "4",
+          "--temperature=0", "--bos=false", "--threads=1", "--exit=kl", "--exit_threshold=1e9"])
+    assert "adaptive exit: the decode steps ran 12 core loops (summed over rows) of the 24 a fixed r runs (50%)" \
+        in capsys.readouterr().err
     with pytest.raises(SystemExit) as err:
         main(["--init", str(ckpt), "--prompt=FILE:/nonexistent/prompts.txt", "--threads=1"])
     assert err.value.code == 1 and "cannot read prompts" in capsys.readouterr().err
