@@ -16,14 +16,22 @@ a CPU without bf16 matrix units is slower than fp32. Here matrices of the same (
 stacked and orthogonalized together with torch.bmm / torch.baddbmm (in cache-sized stacks on CPU), in
 fp32 on CPU and bf16 on CUDA.
 
+Under FSDP2 (train.py --fsdp, plumbing/fsdp.py) every parameter is a DTensor holding one rank's rows of
+the matrix. Momentum, weight decay and the update are elementwise and run on those rows; Newton-Schulz
+needs the whole matrix, so matrix i is gathered onto rank i % world, orthogonalized there, and its rows
+scattered back (orthogonalize_sharded): the same update, each rank doing 1/world of the work.
+
     python -m pytest -q tests/test_muon.py          # checks it against torch.optim.Muon
     python bench/bench_train.py --only muon         # step time vs torch.optim.Muon
+    python -m pytest -q tests/test_fsdp.py          # the sharded step, in train.py --fsdp against DDP
 """
 
 import math
 from collections import defaultdict
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Shard
 
 # Keller Jordan's quintic coefficients (the same defaults as torch.optim.Muon)
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -97,39 +105,103 @@ class Muon(torch.optim.Optimizer):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            grads = [p.grad for p in params]
+            # under FSDP2 (train.py --fsdp) each parameter is a DTensor whose local tensor is this rank's rows:
+            # momentum, weight decay and the update are elementwise and run on those rows alone
+            sharded = isinstance(params[0], DTensor)
+            local = (lambda t: t.to_local()) if sharded else (lambda t: t)
+            weights, grads = [local(p) for p in params], [local(p.grad) for p in params]
             bufs = []
             for p in params:
                 state = self.state[p]
                 if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p.grad)
-                bufs.append(state["momentum_buffer"])
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)  # sharded like p under FSDP2
+                bufs.append(local(state["momentum_buffer"]))
             mu = group["momentum"]
             # momentum for all matrices in two fused calls (same arithmetic as torch's lerp)
             torch._foreach_lerp_(bufs, grads, 1 - mu)
             updates = [g.lerp(b, mu) for g, b in zip(grads, bufs)] if group["nesterov"] else bufs
-
-            # stack same-shape matrices, wide side last (rows <= cols keeps the Gram matrix small)
-            batches = defaultdict(list)
-            for i, (p, u) in enumerate(zip(params, updates)):
-                tall = u.shape[0] > u.shape[1]
-                batches[(tuple(u.shape), tall, u.dtype, u.device)].append(i)
-            ortho = [None] * len(params)
-            for (shape, tall, _, device), same in batches.items():
-                dtype = group["ns_dtype"] or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-                # on CPU, stacks of ~16 MB keep the working set near the caches: measured on 2 cores, 4 SmolLM2
-                # MLP matrices per bmm beat both one at a time and all 60 at once; a GPU takes everything at once
-                chunk = len(same) if device.type == "cuda" else max(1, CPU_CHUNK_ELEMENTS // (shape[0] * shape[1]))
-                for c in range(0, len(same), chunk):
-                    idx = same[c:c + chunk]
-                    G = torch.stack([updates[i].mT if tall else updates[i] for i in idx])  # (n, rows, cols)
-                    O = zeropower_via_newtonschulz(G, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
-                    for j, i in enumerate(idx):
-                        ortho[i] = O[j].mT if tall else O[j]
+            ortho = orthogonalize_sharded(params, updates, group) if sharded else orthogonalize(updates, group)
 
             lr, wd = group["lr"], group["weight_decay"]
             if wd != 0:
-                torch._foreach_mul_(params, 1 - lr * wd)
-            for p, o in zip(params, ortho):
-                p.add_(o.to(p.dtype), alpha=-adjusted_lr(lr, group["adjust_lr_fn"], p.shape))
+                torch._foreach_mul_(weights, 1 - lr * wd)
+            for p, w, o in zip(params, weights, ortho):  # p.shape: the whole matrix's, also under FSDP2
+                w.add_(o.to(w.dtype), alpha=-adjusted_lr(lr, group["adjust_lr_fn"], p.shape))
         return loss
+
+
+def ns_dtype(group, device):
+    """The dtype Newton-Schulz runs in: ns_dtype, or bf16 on CUDA and fp32 elsewhere."""
+    return group["ns_dtype"] or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+
+def orthogonalize(updates, group):
+    """NS_5 of each 2-D update, stacking same-shape matrices, wide side last (rows <= cols keeps the Gram
+    matrix small). Returns the orthogonalized updates in the same order, in ns_dtype."""
+    batches = defaultdict(list)
+    for i, u in enumerate(updates):
+        tall = u.shape[0] > u.shape[1]
+        batches[(tuple(u.shape), tall, u.dtype, u.device)].append(i)
+    ortho = [None] * len(updates)
+    for (shape, tall, _, device), same in batches.items():
+        dtype = ns_dtype(group, device)
+        # on CPU, stacks of ~16 MB keep the working set near the caches: measured on 2 cores, 4 SmolLM2
+        # MLP matrices per bmm beat both one at a time and all 60 at once; a GPU takes everything at once
+        chunk = len(same) if device.type == "cuda" else max(1, CPU_CHUNK_ELEMENTS // (shape[0] * shape[1]))
+        for c in range(0, len(same), chunk):
+            idx = same[c:c + chunk]
+            G = torch.stack([updates[i].mT if tall else updates[i] for i in idx])  # (n, rows, cols)
+            O = zeropower_via_newtonschulz(G, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
+            for j, i in enumerate(idx):
+                ortho[i] = O[j].mT if tall else O[j]
+    return ortho
+
+
+# -----------------------------------------------------------------------------
+# sharded matrices (FSDP2, plumbing/fsdp.py): Newton-Schulz needs each matrix whole
+
+
+def orthogonalize_sharded(params, updates, group):
+    """orthogonalize() for DTensor parameters that FSDP2 shards by rows (Shard(0)) over a 1-D mesh; updates
+    are this rank's rows of each matrix. Matrix i is orthogonalized whole on rank i % world, in rounds of
+    `world` matrices (one each): its rows are gathered onto that rank, and the result's rows scattered
+    back. Each rank runs Newton-Schulz on 1/world of the matrices and receives about 2/world of their
+    bytes, where an all-gather of every matrix on every rank would receive all of them and compute all.
+    Returns this rank's rows of each orthogonalized update, in ns_dtype."""
+    mesh = params[0].device_mesh
+    if mesh.ndim != 1 or any(p.placements != (Shard(0),) for p in params):
+        raise ValueError("Muon takes DTensor parameters sharded by rows over one mesh dimension (FSDP2's default)")
+    pg = mesh.get_group()
+    world, rank = dist.get_world_size(pg), dist.get_rank(pg)
+    ortho = [None] * len(params)
+    for base in range(0, len(params), world):
+        owned = list(range(base, min(base + world, len(params))))  # matrix owned[j] goes to rank j
+        # FSDP2 splits rows as torch.chunk does: ceil(R / world) rows a rank, the last ranks fewer or none;
+        # zero rows pad each shard to that size, as gather and scatter need equal pieces
+        size = {i: -(-params[i].shape[0] // world) for i in owned}
+        pad = lambda t, n: torch.cat([t, t.new_zeros(n - t.shape[0], *t.shape[1:])]) if t.shape[0] < n else t
+        # 1. gather: rank j receives every rank's rows of matrix owned[j]
+        pieces, works = None, []
+        for j, i in enumerate(owned):
+            recv = [updates[i].new_empty(size[i], updates[i].shape[1]) for _ in range(world)] if j == rank else None
+            works.append(dist.gather(pad(updates[i], size[i]).contiguous(), recv, group=pg, group_dst=j,
+                                     async_op=True))
+            pieces = recv if j == rank else pieces
+        for w in works:
+            w.wait()
+        # 2. Newton-Schulz on the whole matrix this rank owns in the round
+        mine = None
+        if rank < len(owned):
+            i = owned[rank]
+            mine = orthogonalize([torch.cat(pieces)[:params[i].shape[0]]], group)[0]
+        # 3. scatter: rank j sends each rank its rows of the orthogonalized owned[j]
+        out, works = {}, []
+        for j, i in enumerate(owned):
+            out[i] = updates[i].new_empty(size[i], updates[i].shape[1], dtype=ns_dtype(group, updates[i].device))
+            send = list(pad(mine, size[i] * world).contiguous().chunk(world)) if j == rank else None
+            works.append(dist.scatter(out[i], send, group=pg, group_src=j, async_op=True))
+        for w in works:
+            w.wait()
+        for i in owned:
+            ortho[i] = out[i][:updates[i].shape[0]]
+    return ortho

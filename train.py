@@ -15,6 +15,7 @@ out and is trained on the labels of task depth <= i (data with DIR/{split}_step.
     python train.py --init=llama --shape 4,6,4 --data data/fineweb_edu --out_dir out/phase1
     python train.py --config config/llama_4_6_4.json      # phase 1; phase 2: see that file's "phase2"
     torchrun --standalone --nproc_per_node=8 train.py --config config/llama_4_6_4.json
+    torchrun --standalone --nproc_per_node=8 train.py --config config/llama_4_6_4.json --fsdp  # plumbing/fsdp.py
     python train.py --resume                              # continue the run in out/ exactly where it stopped
                                                           # (with the same flags: see RESUME_MAY_CHANGE)
 
@@ -39,10 +40,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from plumbing import checkpoint, guards, run_dir
+from plumbing import checkpoint, fsdp, guards, run_dir
 from plumbing.batches import batch_rows, get_batch, labeled_length, open_data, state_seeds
 from plumbing.cli import at_least, git_commit, int_list, str2bool
-from plumbing.device import setup
+from plumbing.device import AUTOCAST, compile_blocks, setup
 from plumbing.upload import check_push, push_to_hub
 from model import IGNORE_INDEX, RecurrentConfig, RecurrentGPT
 from muon import Muon
@@ -101,7 +102,10 @@ FLAGS = dict(
     log_interval=(1, "print a line every N steps"),
     ckpt_minutes=(5.0, "also save between evals once this many minutes passed since the last save; 0 = at evals only"),
     device=("auto", "auto (cuda when available) | cpu | cuda | cuda:N"),
-    compile=(False, "torch.compile the blocks (off on CPU)"),
+    compile=(False, "torch.compile the blocks, CPU or CUDA (plumbing/device.py compile_blocks); off by default"),
+    fsdp=(False, "under torchrun: shard weights, gradients and optimizer states over the ranks (FSDP2, "
+                 "plumbing/fsdp.py) instead of DDP's full copy on each; for parents DDP cannot hold"),
+    autocast=("auto", "bf16 autocast, fp32 weights: auto (on CUDA; fp32 on CPU) | bf16 (the CPU too) | off"),
     seed=(1337, "seeds the data order, r and s_0 draws, and a scratch model's init"),
     resume=(False, "continue the run in --out_dir exactly where it stopped, with its flags: only max_iters, eval_*, "
                    "log_interval, ckpt_minutes, device, compile, max_bad_steps, diverge_*, peak_flops may differ"),
@@ -128,7 +132,7 @@ class TrainError(Exception):
 
 CHOICES = {"optimizer": ("muon", "adamw"), "curriculum": ("constant", "linear", "1-sqrt"), "freeze": ("none", "base"),
            "state_init": ("", "normal", "zero", "embed"), "adapter_init": ("identity", "sum", "random"),
-           "muon_adjust_lr": ("original", "match_rms_adamw")}
+           "muon_adjust_lr": ("original", "match_rms_adamw"), "autocast": AUTOCAST}
 
 
 def parse_args(argv=None):
@@ -164,6 +168,7 @@ def check_args(args):
         at_least(args, 1, "eval_interval", "eval_iters", "batch_size", "block_size", "max_bad_steps", "diverge_steps",
                  "log_interval", "mean_recurrence", "backprop_depth")
         at_least(args, 0, "max_iters", "warmup_iters", "total_batch_tokens", "recurrence_sigma", "grad_clip")
+        fsdp.check_flags(args)  # --fsdp needs torchrun
     except ValueError as err:
         raise TrainError(str(err)) from None
     for key, allowed in CHOICES.items():
@@ -268,8 +273,9 @@ def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, a
 
 
 def evaluate(model, val_data, args, device, autocast, step, levels, log, bar):
-    """The master's evaluation at `step`: the validation loss at each r and the adapter's norms, logged and
-    printed; the run stops if the model about to be saved diverged. Returns the seconds estimate_loss took."""
+    """The master's evaluation at `step` (under --fsdp every rank's, each holding a shard): the validation loss
+    at each r and the adapter's norms, logged and printed; the run stops if the model about to be saved
+    diverged. Returns the seconds estimate_loss took."""
     eval_r = int_list(args.eval_r, "--eval_r") if model.config.recurrent else [1]  # a static model runs its core once
     t_eval = time.time()
     val = estimate_loss(model, val_data, eval_r, args.eval_iters, args.batch_size, device, args.seed, autocast)
@@ -375,15 +381,20 @@ def start(args, meta, device, master):
     the divergence check's running levels (an EMA of the train loss over good steps, the best eval loss)."""
     torch.manual_seed(args.seed)
     ckpt_dir = ckpt_step = None
-    if args.resume:  # the newest complete save, and the settings it was trained with
-        ckpt_dir, ckpt_step = run_dir.find_resume(args, meta["fingerprint"], DEFAULTS, RESUME_MAY_CHANGE, master)
+    if args.resume:  # the newest complete save, and the settings it was trained with (--fsdp: the master checks)
+        find = fsdp.find_resume if args.fsdp else run_dir.find_resume
+        ckpt_dir, ckpt_step = find(args, meta["fingerprint"], DEFAULTS, RESUME_MAY_CHANGE, master)
     model, tok_src = build_model(args, meta, ckpt_dir)
+    if args.fsdp:  # block by block onto the device, this rank's rows only; before the optimizers take them
+        fsdp.shard(model, device, args.autocast)
     model.to(device)
     opts, split = make_optimizers(model, args)
-    state = run_dir.load_train_state(ckpt_dir, ckpt_step, opts) if args.resume else {}
+    if args.resume and args.fsdp:  # the optimizer states are shard files (dcp.load)
+        state = fsdp.load_train_state(ckpt_dir, ckpt_step, opts, model)
+    else:
+        state = run_dir.load_train_state(ckpt_dir, ckpt_step, opts) if args.resume else {}
     if args.compile:  # the blocks only: the loop over r has a data-dependent length
-        for block in (*model.prelude, *model.core, *model.coda):
-            block.compile()
+        compile_blocks(model)
     levels = state.get("levels") or guards.new_levels()
     return model, opts, split, tok_src, (state.get("step", 0), state.get("flops", 0.0), levels)
 
@@ -401,22 +412,25 @@ def accumulation(args, T, world):
 
 
 def train(args):
-    ddp, rank, world, device, autocast = setup(args.device)  # torchrun's ranks or one process; precision
+    ddp, rank, world, device, autocast = setup(args.device, args.autocast)  # torchrun's ranks or one process; dtype
     master = rank == 0
     run_lock = run_dir.claim(args.out_dir, master)  # out_dir writable, and this process its only owner
     # data first: its vocabulary sizes a scratch model, and its fingerprint must match the model's tokenizer
     train_data, val_data = load_data(args)
     meta, T = train_data["meta"], train_data["T"]
     model, opts, split, tok_src, (step, flops_seen, levels) = start(args, meta, device, master)
-    # nanoGPT's wrap: the forward runs through DDP, which all-reduces the gradients in backward
-    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if ddp else model
+    # nanoGPT's wrap: the forward runs through DDP, which all-reduces the gradients in backward (a --fsdp model,
+    # sharded in start, reduce-scatters them itself)
+    wrap = ddp and not args.fsdp
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if wrap else model
     total, grad_accum = accumulation(args, T, world)
     trainable = [p for p in model.parameters() if p.requires_grad]
     run_info = {"git": git_commit(short=True), "torch": torch.__version__, "world_size": world, "grad_accum": grad_accum,
                 "tokens_per_step": total, "device": str(device), "params": model.param_counts(),
                 "optimizer_split": {k: len(v) for k, v in split.items()}}
-    save = lambda s: run_dir.save_checkpoint(model, opts, s, args, meta["fingerprint"], flops_seen, levels, run_info,
-                                             schedule_at(s, args))
+    save = lambda s: (fsdp.save_checkpoint if args.fsdp else run_dir.save_checkpoint)(
+        model, opts, s, args, meta["fingerprint"], flops_seen, levels, run_info, schedule_at(s, args))
+    saver = master or args.fsdp  # who evaluates and saves: the master, or under --fsdp every rank (each holds a shard)
     log = run_dir.start_log(args, step, run_info, tok_src) if master else None
     bar = tqdm(total=args.max_iters, initial=step, disable=None if master else True, dynamic_ncols=True)  # None: off without a TTY
     start_step, tokens_seen, bad_in_row, t_start = step, step * total, 0, time.time()
@@ -424,14 +438,15 @@ def train(args):
     while True:
         # evaluate and save; a resumed run's first step was evaluated (and logged) before its save
         evaluating = (step % args.eval_interval == 0 or step == args.max_iters) and not (args.resume and step == start_step)
-        if evaluating and master:
+        if evaluating and saver:
             eval_s = evaluate(model, val_data, args, device, autocast, step, levels, log, bar)
         # save at every eval, and between evals every --ckpt_minutes: the default CPU run (1-3 min a step on 2 shared
         # cores, evals every 50 steps) has a checkpoint within minutes, not after an hour or two. An eval's val loss
         # vouches for the weights it saves; a save between evals waits for the next step's loss (below)
-        if master and evaluating and step > start_step and bad_in_row == 0:  # not the step just loaded, nor after skips
+        if saver and evaluating and step > start_step and bad_in_row == 0:  # not the step just loaded, nor after skips
             t_saved = save(step)
         save_due = not evaluating and args.ckpt_minutes > 0 and time.time() - t_saved >= 60 * args.ckpt_minutes
+        save_due = fsdp.from_master(save_due) if args.fsdp else save_due  # every rank saves, on the master's clock
         if step >= args.max_iters:
             break
 
@@ -451,7 +466,7 @@ def train(args):
             mine = slice((micro * world + rank) * args.batch_size, (micro * world + rank + 1) * args.batch_size)
             x, y, depths = get_batch(train_data, rows[mine], device, T_step)
             # DDP all-reduces in the last micro-batch's backward only; the head reads out at labeled positions only
-            with (ddp_model.no_sync() if ddp and micro < grad_accum - 1 else contextlib.nullcontext()), autocast:
+            with (ddp_model.no_sync() if wrap and micro < grad_accum - 1 else contextlib.nullcontext()), autocast:
                 loss = ddp_model(x, y, num_steps, seeds=seeds[mine], depths=depths, depth_weight=w,
                                  labeled_only=True)[1] / grad_accum
             loss.backward()
@@ -461,7 +476,7 @@ def train(args):
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, args.grad_clip if args.grad_clip > 0 else float("inf"))
         bad = not (math.isfinite(loss_sum.item()) and math.isfinite(grad_norm.item()))
         spike = guards.spiked(levels, loss_sum.item(), bad, args.diverge_factor)  # never saved; a few in a row stop
-        if master and save_due and not bad and not spike and step > start_step and bad_in_row == 0:
+        if saver and save_due and not bad and not spike and step > start_step and bad_in_row == 0:
             t_saved = save(step)  # the weights of `step` before this update, now that their loss showed they did not diverge
         bad_in_row = bad_in_row + 1 if bad else 0  # skip: no update; grads are identical on every rank after the all-reduce
         for o in opts:

@@ -5,6 +5,7 @@ verified on load, and a lock so that one process at a time owns a run directory.
 A run directory (train.py --out_dir) holds
 
     ckpt/step-000050-3fa2c1/   one complete save: model.safetensors, config.json, train_state.pt, manifest.json
+                               (train.py --fsdp: also the optimizer shards, .metadata and __<rank>_0.distcp)
     latest -> ckpt/step-000050-3fa2c1          the pointer: the one save that counts
     model.safetensors -> latest/model.safetensors    what every other script reads (sample.py, eval_math.py,
     config.json -> latest/config.json                analyze.py, RecurrentGPT.from_pretrained(out_dir), --init)
@@ -158,7 +159,18 @@ def mount_of(path):
 # the protocol
 
 
-def save(out_dir, step, model, train_state, train_config):
+def new_save_dir(out_dir, step):
+    """Steps 1 and 2's start: remove what a killed save left, then make the empty ckpt/step-<step>-<random>/.
+    Returns its path."""
+    ckpt = os.path.join(out_dir, "ckpt")
+    path = os.path.join(ckpt, f"step-{step:06d}-{secrets.token_hex(3)}")
+    os.makedirs(ckpt, exist_ok=True)
+    remove_stale(out_dir)
+    os.mkdir(path)
+    return path
+
+
+def save(out_dir, step, model, train_state, train_config, shards=None):
     """Save one checkpoint of a run atomically as a whole: weights, config (model config plus
     train_config under "train") and train_state (optimizer states, step, RNG, ...).
 
@@ -172,27 +184,29 @@ def save(out_dir, step, model, train_state, train_config):
 
     A kill at any point leaves `latest` at either the previous complete save or the new complete one;
     whatever else it leaves is removed by step 1 of the next save. A failed write (a full disk) removes
-    the new directory and raises RunDirError naming the disk and the path; the previous save is untouched."""
+    the new directory and raises RunDirError naming the disk and the path; the previous save is untouched.
+
+    shards (train.py --fsdp, plumbing/fsdp.py): (path, weights, sha256 by file name): a directory that
+    new_save_dir made and every rank wrote its shard files into, the whole weights gathered on this rank,
+    and the shard files' sha256, which the manifest lists with the others (verify checks them all)."""
     from safetensors.torch import save as safetensors_bytes
 
-    ckpt = os.path.join(out_dir, "ckpt")
-    path = os.path.join(ckpt, f"step-{step:06d}-{secrets.token_hex(3)}")
+    path, weights, shard_sha = shards or (None, None, {})
     try:
-        os.makedirs(ckpt, exist_ok=True)
-        remove_stale(out_dir)
-        os.mkdir(path)
+        path = path or new_save_dir(out_dir, step)
         file = lambda name: os.path.join(path, name)
         # the weights as bytes (one host copy): safetensors' own writer would not report a full disk as OSError
-        weights = safetensors_bytes(model.state_dict_to_save(), metadata={"format": "pt"})
+        weights = safetensors_bytes(model.state_dict_to_save() if weights is None else weights,
+                                    metadata={"format": "pt"})
         # as save_pretrained: the modeling file (the same bytes every time) is in place before the config naming it
         config = {"model_type": "nanorecur", **asdict(model.config), **write_remote_code(out_dir), "train": train_config}
-        sha = {"model.safetensors": write_file(file("model.safetensors"), lambda f: f.write(weights)),
+        sha = {**shard_sha, "model.safetensors": write_file(file("model.safetensors"), lambda f: f.write(weights)),
                "config.json": write_file(file("config.json"), lambda f: f.write(json_bytes(config))),
                "train_state.pt": write_file(file("train_state.pt"), lambda f: torch.save(train_state, f))}
         del weights
         write_file(file(MANIFEST), lambda f: f.write(json_bytes({"step": step, "sha256": sha})))
         fsync_dir(path)
-        fsync_dir(ckpt)
+        fsync_dir(os.path.dirname(path))  # ckpt/
         for name in FILES:
             link(out_dir, name, os.path.join(POINTER, name))
         link(out_dir, POINTER, os.path.relpath(path, out_dir))  # the commit
@@ -209,7 +223,7 @@ def save(out_dir, step, model, train_state, train_config):
 def remove_quietly(path, out_dir):
     """After a failed write: the new directory and any half-made link go (errors here change nothing)."""
     try:
-        if os.path.isdir(path):
+        if path and os.path.isdir(path):  # None: the directory was never made
             remove_dir(path)
         remove_tmp_links(out_dir)
     except OSError:
@@ -232,12 +246,12 @@ def json_bytes(obj):
 
 
 def verify(path):
-    """None if path is a complete save (its manifest, every file's sha256 and the step as recorded),
-    else what is wrong with it."""
+    """None if path is a complete save (its manifest, every file's sha256, the shard files of a --fsdp save
+    included, and the step as recorded), else what is wrong with it."""
     try:
         with open(os.path.join(path, MANIFEST)) as f:
             manifest = json.load(f)
-        for name in FILES:
+        for name in (*FILES, *sorted(set(manifest["sha256"]) - set(FILES))):
             if sha256(os.path.join(path, name)) != manifest["sha256"][name]:
                 return f"{name} does not match its sha256 in {MANIFEST}"
         with open(os.path.join(path, "config.json")) as f:

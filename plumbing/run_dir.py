@@ -18,6 +18,7 @@ import sys
 import time
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from plumbing import checkpoint
 from plumbing.checkpoint import RunDirError
@@ -59,19 +60,22 @@ def write_log(log, record):
     log.flush()
 
 
-def save_checkpoint(model, opts, step, args, fingerprint, flops_seen, levels, run_info, schedule):
+def save_checkpoint(model, opts, step, args, fingerprint, flops_seen, levels, run_info, schedule, shards=None):
     """One atomic save of the whole run (checkpoint.save: a complete new ckpt/ directory, then one pointer
     switch) into args.out_dir. config.json records what this process really used: its flags and, under
     "run", the device, world size and gradient accumulation. schedule: where the lr and rbar stood.
+    shards: a --fsdp save's directory, whole weights and optimizer shard files (plumbing/fsdp.py).
     Returns the time the save finished (the --ckpt_minutes timer starts again from it)."""
     train_cfg = {**vars(args), "step": step, "data_fingerprint": fingerprint, "run": run_info}
-    state = {"step": step, "optimizers": [o.state_dict() for o in opts], "rng": torch.get_rng_state(),
+    state = {"step": step, "rng": torch.get_rng_state(),
+             # --fsdp: the optimizer states are the shard files beside it (plumbing/fsdp.py)
+             "optimizers": [o.state_dict() for o in opts] if shards is None else None,
              "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
              "data": {"seed": args.seed, "next_step": step}, "args": vars(args), "flops": float(flops_seen),
              "levels": levels,  # the divergence check's running levels, so a resumed run keeps them
              # the schedules are functions of the step; stored so a reader can see where the run stood
              "schedule": schedule}
-    checkpoint.save(args.out_dir, step, model, state, train_cfg)
+    checkpoint.save(args.out_dir, step, model, state, train_cfg, shards)
     with open(os.path.join(args.out_dir, "config.json")) as f:  # the card says what the save holds (README.md)
         write_model_card(args.out_dir, json.load(f), ["python", "train.py", *sys.argv[1:]])
     return time.time()
@@ -154,13 +158,14 @@ def check_vocabulary(meta, data_dir, tok_dir, ckpt_dir):
 
 
 def trained_on(path):
-    """The data fingerprint a checkpoint of ours was trained on (config.json, "train"), or None (a surgery
-    output, a parent, a raven checkpoint, a .gguf file)."""
+    """The data fingerprint a checkpoint of ours was trained on (config.json, "train"; for a cut of a static
+    parent of ours, the parent's), or None (a cut of a pretrained parent, a raven checkpoint, a .gguf file)."""
     cfg = os.path.join(path, "config.json")
     if not os.path.isfile(cfg):
         return None
     with open(cfg) as f:
-        return json.load(f).get("train", {}).get("data_fingerprint")
+        cfg = json.load(f)
+    return cfg.get("train", {}).get("data_fingerprint") or (cfg.get("parent") or {}).get("data_fingerprint")
 
 
 def tokenizer_source(path):
@@ -193,14 +198,18 @@ def adapter_norms(model):
     receives training signal); None for a static model."""
     if not model.config.recurrent:
         return None
-    W, h = model.adapter.weight.detach().float(), model.config.n_embd
+    W, h = model.adapter.weight.detach(), model.config.n_embd
+    W = (W.full_tensor() if isinstance(W, DTensor) else W).float()  # --fsdp: every rank gathers its rows
     return {"state": W[:, :h].norm().item(), "embed": W[:, h:].norm().item()}
 
 
 def report_eval(log, bar, step, val, model):
     """The master's record of an evaluation: its log.jsonl line (val: {r: loss, acc...}, and the adapter's
-    norms) and one printed line."""
+    norms) and one printed line. Under --fsdp every rank calls it (the norms gather the adapter), with
+    log None on all but the master."""
     adapter = adapter_norms(model)
+    if log is None:
+        return
     write_log(log, {"step": step, "val": val, **({"adapter": adapter} if adapter else {})})
     bar.write(f"step {step}: " + ", ".join(
         f"r={r} val {v['loss']:.4f}" + (f" acc {v['acc']:.3f}" if "acc" in v else "") for r, v in val.items())
