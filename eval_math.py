@@ -10,7 +10,8 @@ so recurrent and static models compare at equal compute.
   ("#### N") and flexible (last number) extraction, exact match after removing "$", "," and a final ".".
 - math:  the Minerva 4-shot prompt (Lewkowycz et al. 2022, arXiv 2206.14858), \\boxed{} answers,
   graded by plumbing/math_grader.py (normalization plus a sympy check).
-- depth: the S3 running product of data/depth: accuracy by (steps k, r), k up to beyond the trained depth.
+- depth: the S3 running product of data/depth: accuracy by (steps k, r), k up to beyond the trained depth;
+  on chain-of-thought data (prepare.py --cot) by greedy generation of the chain (plumbing/depth_cot.py).
 - loss:  mean cross-entropy of fixed, seeded batches of a prepared .bin set at each r.
 Problems come from a local jsonl (--data) or the hub, and .bin sets from data/<set>/prepare.py, both
 through plumbing/eval_data.py.
@@ -23,7 +24,6 @@ Writes --out_dir (default out/eval/<task>): results.jsonl (one line per problem 
 summary.json, and PNG plots.
 """
 
-import contextlib
 import json
 import math
 import random
@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from model import IGNORE_INDEX
 from plumbing.cli import THREADS_HELP, Parser, at_least, default_threads, git_commit, int_list, os_error, ready_out_dir
+from plumbing.device import AUTOCAST, autocast_context, compile_blocks
 from plumbing.eval_data import EvalError, load_bin, load_problems
 from plumbing.math_grader import MINERVA_SHOTS, extract_boxed, extract_math, grade_math
 from plumbing.tokenizer import prompt_ids, stop_ids
@@ -69,6 +70,8 @@ def parse_args(argv=None):
     p.add_argument("--split", default="val", help="depth/loss: which split of the data dir")
     p.add_argument("--seed", type=int, default=1337, help="s_0 draws, exemplar choice and loss batches")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda (bf16 autocast), cuda:1")
+    p.add_argument("--autocast", default="auto", choices=AUTOCAST, help="bf16 autocast: auto (on CUDA) | bf16 | off")
+    p.add_argument("--compile", action="store_true", help="torch.compile the blocks, CPU or CUDA (plumbing/device.py)")
     p.add_argument("--threads", type=int, default=default_threads(), help=THREADS_HELP)
     p.add_argument("--out_dir", default=None, help="results.jsonl, summary.json, plots (default out/eval/<task>)")
     args = p.parse_args(argv)
@@ -263,6 +266,9 @@ def run_depth(args, model):
     meta, ids, targets, steps = load_bin(args, model)
     if targets is None or steps is None or not meta.get("seq_len"):
         raise EvalError(f"{args.data} has no {args.split}_targets.bin/_step.bin: not a depth task dir")
+    if meta.get("cot"):  # chains of thought (prepare.py --cot): the model writes p1..pk, scored by generation
+        from plumbing.depth_cot import run_depth_cot
+        return run_depth_cot(args, model, meta, ids)
     shape = (-1, meta["seq_len"])
     ids, targets, steps = (np.asarray(a).reshape(shape) for a in (ids, targets, steps))
     if args.limit:
@@ -341,6 +347,9 @@ def summarize(args, model, records, meta=None):
             for name, sel in (("seen", lambda k: k <= meta["train_max_k"]), ("beyond", lambda k: k > meta["train_max_k"])):
                 p, se = acc_se([c for c, k in zip(flags, ks) if sel(k)])
                 row.update({f"accuracy_{name}_depth": p, f"se_{name}_depth": se})
+            if meta.get("cot"):  # the whole chain's accuracy and the tokens written per answer
+                from plumbing.depth_cot import chain_summary
+                row.update(chain_summary(recs, meta["train_max_k"]))
         else:
             p, se = acc_se([x["correct"] for x in recs])
             row.update(n=len(recs), accuracy=p, se=se, mean_tokens=float(np.mean([x["tokens"] for x in recs])),
@@ -365,6 +374,9 @@ def print_table(args, rows, meta=None):
         for name in ("seen", "beyond"):  # (labels of one row are correlated: the se here is a lower bound)
             print(f"{name:>6}" + "".join(f"{x[f'accuracy_{name}_depth']:>8.3f}+-{x[f'se_{name}_depth']:.3f}"
                                          for x in rows))
+        if meta.get("cot"):
+            from plumbing.depth_cot import chain_table
+            print(chain_table(rows))
         return
     cols = [("loss", "loss", "loss_se")] if args.task == "loss" else [("accuracy", "accuracy", "se")]
     cols += [("strict", "strict_accuracy", "strict_se")] if args.task == "gsm8k" else []
@@ -454,14 +466,15 @@ def main(argv=None):
     except (FileNotFoundError, ValueError, SurgeryError, CheckpointError) as e:
         raise EvalError(str(e)) from None
     model.eval()
+    if args.compile:
+        compile_blocks(model)
     if not model.config.recurrent and args.r != [1]:
         print("static-depth model: num_steps has no effect, evaluating once (r=1)")
         args.r = [1]
     if args.exit_criterion and not model.config.recurrent:
         raise EvalError("--exit_criterion needs a recurrent model: a static one runs its layers once")
-    # one place decides the dtype: bf16 autocast on CUDA, plain fp32 on CPU
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if "cuda" in args.device else contextlib.nullcontext()
-    with amp:
+    # one place decides the dtype (plumbing/device.py): bf16 autocast on CUDA, plain fp32 on CPU
+    with autocast_context(model.embed_tokens.weight.device, args.autocast):
         records, meta = run_task(args, model, problems)
     args.train_max_k = (meta or {}).get("train_max_k")
     rows = summarize(args, model, records, meta)

@@ -32,10 +32,28 @@ token (it only ever follows the last label, so causal attention never reads it f
 meta.json carrying the tokenizer's fingerprint, so train.py and eval_math.py accept the data for
 models of that parent only.
 
+Chain of thought (--cot), the token baseline the loop is compared with (arXiv 2608.11233: "the loop
+beats writing the steps out as tokens beyond the trained range"): the same train and val problems
+(same seed, same draws, the same prefix-disjoint val rule), each written out as its chain, trained by
+plain next-token prediction on the chain (seq_len = 2 test_k + 2):
+  input   BOS  g1 .. gk  SEP  p1   ..  p_{k-1}  pk   PAD ...
+  target  -1   -1 .. -1  p1   p2   ..  pk       -1   -1  ...
+  step    0    0  .. 0   1    2    ..  k        0    0   ...
+Here the answers do appear in the input: each label is one composition p_{t-1} g_t of what is written,
+and the depth comes from generating the chain at test time (eval_math.py --task depth generates it
+greedily on this data, plumbing/depth_cot.py). The step is still the task depth t of the label.
+Train rows are cut to a prefix of k ~ uniform 1..train_k elements (seeded, drawn after the val rows,
+so the problems are those of the loop data): with causal attention a loop row of length K holds every
+shorter problem as a prefix, a CoT row does not (problem k's chain starts at the SEP after g_k, which
+only a row cut at k has), so each trained depth needs rows of its own. Val rows keep k = test_k; the
+evaluation cuts the prompt BOS g1..gk SEP per depth. SEP is the PAD token in the task's own vocabulary
+and the parent's " =" with --tokenizer.
+
 Run:
   python data/depth/prepare.py --out_dir data/depth          # 50k train rows, 1k val rows
   python data/depth/prepare.py --out_dir /tmp/depth --train_k 6 --test_k 12 --num_train 20000
   python data/depth/prepare.py --tokenizer smollm2 --out_dir data/depth_smollm2   # SmolLM2's tokens
+  python data/depth/prepare.py --cot --out_dir data/depth_cot   # the same problems as chains of thought
 Writes DIR/{train,val}.bin (uint16 ids), DIR/{train,val}_targets.bin (int32, -1 = ignore),
 DIR/{train,val}_step.bin (uint8) and DIR/meta.json (format: data/common.py).
 """
@@ -106,6 +124,22 @@ def parent_vocab(tok):
     return start, tuple(ids[:6]), tuple(ids[6:]), start
 
 
+# --cot: the token between the problem and its chain. In the task's own vocabulary it is PAD: a new
+# token would change VOCAB_SIZE and the fingerprint, and a model trained on the loop data (whose
+# vocabulary train.py and eval_math.py check) could not be fine-tuned on the chains. PAD is free for
+# it: it is never a label, and where it pads a row no label comes after it.
+COT_SEP_WORD = " ="  # in a parent's vocabulary
+
+
+def parent_sep(tok):
+    """The id of COT_SEP_WORD in `tok`; one-line error if it is not one token there."""
+    enc = tok.encode(COT_SEP_WORD)
+    if len(enc) != 1:
+        raise DataError(f"{COT_SEP_WORD!r} is {len(enc)} tokens in {tok.source}, not one: --cot needs a "
+                        f"single-token separator (edit COT_SEP_WORD in {__file__})")
+    return enc[0]
+
+
 def vocab_fingerprint():
     """Hash of the vocabulary description: data and model must agree on it like on a tokenizer."""
     desc = {"task": "s3_running_product", "tokens": TOKENS, "composition": "(a b)(i) = a(b(i))"}
@@ -131,6 +165,26 @@ def make_rows(elems, seq_len, vocab=(BOS_ID, ELEM_IDS, ANSWER_IDS, PAD_ID), dtyp
     steps = np.zeros((n, seq_len), dtype=np.uint8)
     steps[:, 1:k + 1] = np.arange(1, k + 1, dtype=np.uint8)
     return ids, targets, steps
+
+
+def make_cot_rows(elems, ks, seq_len, vocab, sep, dtype=np.uint16):
+    """(N, K) element indices and each row's own k (N,) -> ids, targets, steps (N, seq_len) in the chain
+    layout (module docstring): BOS g1..gk SEP p1..pk PAD.., target p_t AT the position before p_t."""
+    bos, elem_ids, answer_ids, pad = (np.asarray(v, dtype=np.int64) for v in vocab)
+    n, K = elems.shape
+    chain = make_rows(elems, K + 1, vocab)[1][:, 1:].astype(np.int64)  # answer ids of p1..pK, (N, K)
+    col, k = np.arange(seq_len)[None, :], np.asarray(ks, dtype=np.int64)[:, None]  # (1, T), (N, 1)
+    at = lambda i: np.take_along_axis(chain, np.clip(i, 0, K - 1), axis=1)  # answer ids at chain index i
+    ids = np.full((n, seq_len), pad, dtype=np.int64)
+    ids[:, 0] = bos
+    elem = (col >= 1) & (col <= k)
+    ids = np.where(elem, elem_ids[np.take_along_axis(elems, np.clip(col - 1, 0, K - 1), axis=1)], ids)
+    ids = np.where(col == k + 1, sep, ids)
+    ids = np.where((col >= k + 2) & (col <= 2 * k + 1), at(col - k - 2), ids)  # the chain p1..pk
+    lab = (col >= k + 1) & (col <= 2 * k)  # SEP .. p_{k-1}: the positions that predict p1 .. pk
+    targets = np.where(lab, at(col - k - 1), IGNORE_INDEX).astype(np.int32)
+    steps = np.where(lab, col - k, 0).astype(np.uint8)
+    return ids.astype(dtype), targets, steps
 
 
 def prefix_codes(elems):
@@ -171,6 +225,8 @@ def main():
     parser.add_argument("--num_train", type=int, default=50000)
     parser.add_argument("--num_val", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--cot", action="store_true", help="the same problems as chains of thought "
+                        "(BOS g1..gk SEP p1..pk), train rows cut to k uniform in 1..train_k")
     args = parser.parse_args()
     print("config:", json.dumps(vars(args)))
     if not 1 <= args.train_k <= args.test_k <= 255:  # steps are stored as uint8
@@ -183,23 +239,32 @@ def main():
         vocab, dtype = parent_vocab(tok), token_dtype(tok.vocab_size)
         tokens = dict(tokenizer=args.tokenizer, fingerprint=tok.fingerprint, vocab_size=tok.vocab_size,
                       tokens={"elements": WORDS[0], "answers": WORDS[1]}, dtype=np.dtype(dtype).name)
+        sep_id = parent_sep(tok) if args.cot else None
+        if args.cot:
+            tokens["tokens"]["separator"] = COT_SEP_WORD
     else:
         vocab, dtype = (BOS_ID, ELEM_IDS, ANSWER_IDS, PAD_ID), np.uint16
+        sep_id = PAD_ID  # (see COT_SEP_WORD)
         tokens = dict(tokenizer="depth task vocabulary", fingerprint=vocab_fingerprint(),
                       vocab_size=VOCAB_SIZE, tokens=TOKENS, dtype="uint16")
     bos_id, elem_ids, answer_ids, pad_id = vocab
 
     rng = np.random.default_rng(args.seed)
-    seq_len = args.test_k + 1
+    seq_len = 2 * args.test_k + 2 if args.cot else args.test_k + 1  # one seq_len for both splits
     train = rng.integers(0, 6, size=(args.num_train, args.train_k), dtype=np.int64)
     val, redrawn = draw_val(rng, args.num_val, args.test_k, args.train_k,
                             set(prefix_codes(train).tolist()))
+    if args.cot:  # drawn last: the problems above are those of the loop data
+        train_ks = rng.integers(1, args.train_k + 1, size=args.num_train)
+        rows = {"train": make_cot_rows(train, train_ks, seq_len, vocab, sep_id, dtype),
+                "val": make_cot_rows(val, np.full(len(val), args.test_k), seq_len, vocab, sep_id, dtype)}
+    else:
+        rows = {split: make_rows(elems, seq_len, vocab, dtype) for split, elems in (("train", train), ("val", val))}
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
-    for split, elems in (("train", train), ("val", val)):
-        arrays = make_rows(elems, seq_len, vocab, dtype)
+    for split, arrays in rows.items():
         for suffix, arr in zip(("", "_targets", "_step"), arrays):
             w = BinWriter(out_dir / f"{split}{suffix}.bin", arr.dtype)
             w.write(arr.ravel())
@@ -221,6 +286,14 @@ def main():
         "train_docs": int(train.shape[0]), "val_docs": int(val.shape[0]),
         "val_prefix_disjoint": True, "val_redrawn": redrawn,
     }
+    if args.cot:  # only then: without --cot meta.json stays byte for byte what it was
+        meta.update({
+            "cot": True, "sep_id": int(sep_id),
+            "layout": "BOS g1..gk SEP p1..pk PAD..; target p_t at the position before p_t (SEP for p1), "
+                      "step t there; train k uniform in 1..train_max_k, val k = test_max_k",
+            "train_k_counts": np.bincount(train_ks, minlength=args.train_k + 1)[1:].tolist(),
+            "composition": "(a b)(i) = a(b(i)); the chain after SEP is p1 .. pk, p_t = g1 g2 ... gt",
+        })
     write_meta(out_dir, meta)
     print(f"redrew {redrawn} val candidates whose first {args.train_k} elements were seen in train "
           f"or earlier in val")

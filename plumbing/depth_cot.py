@@ -1,0 +1,104 @@
+"""
+The depth task's chain-of-thought baseline, evaluated by generation: the token side of the comparison
+"the loop beats writing the steps out as tokens beyond the trained range" (arXiv 2608.11233).
+
+A looped model answers the S3 running product p_k = g1 g2 ... gk with one token after r loops; a CoT
+model (trained on data/depth/prepare.py --cot rows) writes the chain p1 .. pk and answers with its
+last token. For each val row and each depth k = 1..test_k the prompt is BOS g1..gk SEP and the model
+generates k tokens greedily; the answer is correct when the last one is p_k (the whole chain is scored
+too). The records have the depth task's shape (steps, correct per row), so eval_math.py's summary,
+table and plots, and repeat.py's aggregation over seeds, read CoT runs unchanged; the summary adds the
+output tokens per answer (mean k here, 1 for the loop) and the whole-chain accuracy.
+
+    python data/depth/prepare.py --cot --out_dir data/depth_cot
+    python train.py --config config/cpu_depth.json --static --data data/depth_cot --out_dir out/depth_cot
+    python eval_math.py --init out/depth_cot --task depth --data data/depth_cot --out_dir out/eval/depth_cot
+
+eval_math.py dispatches here when the data's meta.json says "cot". Test: python -m pytest -q tests/test_depth_cot.py
+"""
+
+import math
+
+import numpy as np
+import torch
+
+from plumbing.eval_data import EvalError
+
+
+def chain_rows(meta, ids):
+    """(elements, chains): the val rows' g1..gK and p1..pK token ids, (N, K) each, K = test_max_k.
+    An EvalError when the rows are not the --cot layout BOS g1..gK SEP p1..pK."""
+    K, T = meta["test_max_k"], meta["seq_len"]
+    if T != 2 * K + 2:
+        raise EvalError(f"meta.json says cot but seq_len {T} != 2 test_max_k + 2 = {2 * K + 2}: rerun "
+                        f"data/depth/prepare.py --cot")
+    rows = np.asarray(ids).reshape(-1, T)
+    if not ((rows[:, 0] == meta["bos_id"]) & (rows[:, K + 1] == meta["sep_id"])).all():
+        raise EvalError(f"the {len(rows)} rows are not BOS g1..g{K} SEP p1..p{K} (meta.json's layout): "
+                        f"evaluate full-depth val rows of data/depth/prepare.py --cot (--split val)")
+    return rows[:, 1:K + 1].astype(np.int64), rows[:, K + 2:].astype(np.int64)
+
+
+@torch.no_grad()
+def greedy(model, prompts, n, r):
+    """(B, n) greedy tokens after prompts (B, L), all of one length: the whole sequence is re-read for
+    every token (no KV cache: a prompt and its chain are at most 2 test_k + 1 tokens)."""
+    x = prompts
+    for _ in range(n):
+        nxt = model(x, num_steps=r)[0][:, -1].argmax(-1)  # (B,) the next token of each row
+        x = torch.cat([x, nxt[:, None]], dim=1)
+    return x[:, prompts.shape[1]:]
+
+
+def run_depth_cot(args, model, meta, ids):
+    """records (one per val row and r: steps 1..K, correct and chain_correct per depth, output_tokens)
+    and meta. All rows of one depth k share a prompt length, so they go in batches of --batch_size."""
+    elems, chains = chain_rows(meta, ids)
+    if args.limit:
+        elems, chains = elems[:args.limit], chains[:args.limit]
+    (n, K), bs = elems.shape, args.batch_size
+    records = []
+    for r in args.r:
+        torch.manual_seed(args.seed)  # s_0 of a recurrent model is a random draw: the same draws for every r
+        last, whole = np.zeros((n, K), dtype=bool), np.zeros((n, K), dtype=bool)
+        for k in range(1, K + 1):
+            bos, sep = np.full((n, 1), meta["bos_id"]), np.full((n, 1), meta["sep_id"])
+            prompts = np.concatenate([bos, elems[:, :k], sep], 1)  # (n, k + 2): BOS g1..gk SEP
+            for b in range(0, n, bs):
+                out = greedy(model, torch.from_numpy(prompts[b:b + bs]).to(args.device), k, r).cpu().numpy()  # (B, k)
+                last[b:b + bs, k - 1] = out[:, -1] == chains[b:b + bs, k - 1]  # the answer: the chain's last token
+                whole[b:b + bs, k - 1] = (out == chains[b:b + bs, :k]).all(1)
+        steps = list(range(1, K + 1))
+        records += [{"index": i, "r": r, "k": K, "steps": steps, "correct": last[i].astype(int).tolist(),
+                     "chain_correct": whole[i].astype(int).tolist(), "output_tokens": steps} for i in range(n)]
+    return records, meta
+
+
+def acc_se(flags):
+    """(accuracy, standard error sqrt(p(1-p)/n)) of 0/1 flags; nan when there are none."""
+    if not len(flags):
+        return float("nan"), float("nan")
+    p = float(np.mean(flags))
+    return p, math.sqrt(p * (1 - p) / len(flags))
+
+
+def chain_summary(recs, train_max_k):
+    """The CoT extras of one r's summary row: whole-chain accuracy by depth k and seen/beyond the trained
+    depth, and output_tokens_per_answer (the mean tokens generated per answer; the loop answers with 1)."""
+    flags = np.array([c for x in recs for c in x["chain_correct"]])
+    ks = np.array([k for x in recs for k in x["steps"]])
+    out = {"chain_by_k": {str(k): dict(zip(("accuracy", "se"), acc_se(flags[ks == k])), n=int((ks == k).sum()))
+                          for k in sorted(set(ks.tolist()))}}
+    for name, sel in (("seen", ks <= train_max_k), ("beyond", ks > train_max_k)):
+        out[f"chain_accuracy_{name}_depth"], out[f"chain_se_{name}_depth"] = acc_se(flags[sel])
+    out["output_tokens_per_answer"] = float(np.mean([t for x in recs for t in x["output_tokens"]]))
+    return out
+
+
+def chain_table(rows):
+    """The lines eval_math.py's depth table adds for CoT data (columns: r, as above)."""
+    cell = lambda x, name: f"{x[f'chain_accuracy_{name}_depth']:>8.3f}+-{x[f'chain_se_{name}_depth']:.3f}"
+    return "\n".join(["whole chain right:"] + [f"{name:>6}" + "".join(cell(x, name) for x in rows)
+                                                for name in ("seen", "beyond")]
+                     + ["tokens" + "".join(f"{x['output_tokens_per_answer']:>15.2f}" for x in rows)
+                        + "   (output tokens per answer; the loop answers with 1)"])
