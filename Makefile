@@ -5,7 +5,7 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: install install-dev demo test
+.PHONY: install install-dev demo test claims
 
 $(PYTHON):
 	python3 -m venv $(VENV)
@@ -19,6 +19,10 @@ install-dev: install
 
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash demo.sh
+
+# the papers' claims at CPU scale (claims.py): out/claims/<claim>/summary.json + PNG, out/claims/claims.md
+claims: install
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTHON) claims.py
 
 # pytest exits 5 when it collects no test: say so and fail, a suite that runs nothing is not a pass
 test: install-dev

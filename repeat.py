@@ -12,6 +12,7 @@ evaluation's s_0 draws stay fixed, so the spread is the spread of training.
     python repeat.py --out_dir out/seeds/depth_ss --seeds 1337,2,3 -- --config config/cpu_depth.json \\
         --data data/depth --step_supervision
     python repeat.py --compare out/demo/eval_depth out/demo/eval_retrofit_depth   # two evals side by side
+    python repeat.py --out_dir out/seeds/text --eval none -- --data data/sotu --max_iters 20   # text: val loss only
 Everything after `--` goes to train.py (per seed: --seed S --out_dir OUT/seed_S are added). Writes
 OUT/seed_S/ (the run and its eval/), OUT/summary.json (command, seeds, git commit, seconds, the
 table) and OUT/depth_seeds.png; prints the table as markdown. A seed whose run and evaluation are
@@ -43,13 +44,15 @@ def run(cmd):
 
 def seed_result(seed, out_dir, train_args, eval_r, eval_args):
     """The eval summary of one seed: trained and evaluated now, or reused when OUT/seed_S holds the
-    result of exactly this command."""
+    result of exactly this command. eval_args None: no depth evaluation (text data), the summary is the
+    run's last validation losses (train.py's log.jsonl)."""
     run_dir = out_dir / f"seed_{seed}"
     train_cmd = [sys.executable, "train.py", *train_args, "--seed", str(seed), "--out_dir", str(run_dir)]
     data = train_args[train_args.index("--data") + 1] if "--data" in train_args else "data/depth"
-    eval_cmd = [sys.executable, "eval_math.py", "--init", str(run_dir), "--task", "depth", "--data", data,
-                "--r", eval_r, "--out_dir", str(run_dir / "eval"), *eval_args]
-    stamp, want = run_dir / "repeat_command.json", {"train": train_cmd[1:], "eval": eval_cmd[1:]}
+    eval_cmd = None if eval_args is None else [
+        sys.executable, "eval_math.py", "--init", str(run_dir), "--task", "depth", "--data", data,
+        "--r", eval_r, "--out_dir", str(run_dir / "eval"), *eval_args]
+    stamp, want = run_dir / "repeat_command.json", {"train": train_cmd[1:], "eval": eval_cmd and eval_cmd[1:]}
     summary = run_dir / "eval" / "summary.json"
     if stamp.is_file() and summary.is_file() and json.loads(stamp.read_text()) == want:
         print(f"seed {seed}: reusing {summary}")
@@ -68,22 +71,36 @@ def seed_result(seed, out_dir, train_args, eval_r, eval_args):
         run_dir.mkdir(parents=True, exist_ok=True)
         stamp.write_text(json.dumps(want))  # first: a half-finished seed is recognized as this command's
         run(train_cmd)
-        run(eval_cmd)
+        if eval_cmd:
+            run(eval_cmd)
+        else:
+            evals = [rec for rec in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if "val" in rec]
+            summary.parent.mkdir(exist_ok=True)
+            summary.write_text(json.dumps({"step": evals[-1]["step"], "val": evals[-1]["val"]}))
     return json.loads(summary.read_text())
 
 
+def stats(values):
+    """mean, sample std (ddof 1), min, max and the values themselves (in seed order)."""
+    return dict(mean=float(np.mean(values)), std=float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+                min=float(min(values)), max=float(max(values)), values=list(values))
+
+
 def aggregate(summaries):
-    """{k or seen/beyond: {r: {mean, std, min, max, values}}} over the seeds' eval summaries."""
+    """{k or seen/beyond: {r: stats}} over the seeds' depth eval summaries; without a depth evaluation
+    {"val_loss": {r: stats}} of the last validation."""
     table = {}
     for s in summaries:
+        if "val" in s:
+            for r, v in s["val"].items():
+                table.setdefault("val_loss", {}).setdefault(r, []).append(v["loss"])
+            continue
         for row in s["results"]:
             cells = {k: v["accuracy"] for k, v in row["by_k"].items()}
             cells.update(seen=row["accuracy_seen_depth"], beyond=row["accuracy_beyond_depth"])
             for k, acc in cells.items():
                 table.setdefault(k, {}).setdefault(str(row["r"]), []).append(acc)
-    return {k: {r: dict(mean=float(np.mean(v)), std=float(np.std(v, ddof=1)) if len(v) > 1 else 0.0,
-                        min=float(min(v)), max=float(max(v)), values=v) for r, v in by_r.items()}
-            for k, by_r in table.items()}
+    return {k: {r: stats(v) for r, v in by_r.items()} for k, by_r in table.items()}
 
 
 def markdown(table, train_max_k, n_seeds):
@@ -172,6 +189,8 @@ def main():
     ap.add_argument("--r", default="1,2,4,8,16,32", help="test loops of the evaluation")
     ap.add_argument("--eval_limit", type=int, default=0, help="first N validation rows only (0 = all)")
     ap.add_argument("--eval_batch_size", type=int, default=100, help="validation rows per forward")
+    ap.add_argument("--eval", default="depth", choices=["depth", "none"],
+                    help="depth: eval_math.py --task depth per seed; none (text data): the last validation losses")
     args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if any(flag in train_args for flag in ("--seed", "--out_dir")) or any(
             a.startswith(("--seed=", "--out_dir=")) for a in train_args):
@@ -185,13 +204,22 @@ def main():
         ap.error(f"--out_dir {out_dir} is a file: give a directory")
     eval_args = ["--batch_size", str(args.eval_batch_size)] + (["--limit", str(args.eval_limit)] if args.eval_limit else [])
     t0 = time.time()
-    summaries = [seed_result(s, out_dir, train_args, args.r, eval_args) for s in args.seeds]
-    table, train_max_k = aggregate(summaries), summaries[0]["train_max_k"]
-    text = markdown(table, train_max_k, len(args.seeds))
+    summaries = [seed_result(s, out_dir, train_args, args.r, eval_args if args.eval == "depth" else None)
+                 for s in args.seeds]
+    table, train_max_k = aggregate(summaries), summaries[0].get("train_max_k")
+    if args.eval == "none":
+        text = "| r | val loss (mean ± std over {} seeds) |\n|---|---|\n".format(len(args.seeds)) + "\n".join(
+            f"| {r} | {c['mean']:.4f} ± {c['std']:.4f} |" for r, c in table["val_loss"].items())
+    else:
+        text = markdown(table, train_max_k, len(args.seeds))
     git = git_commit()
     out = {"command": shlex.join(["python", "repeat.py", *argv]), "seeds": args.seeds, "git_commit": git or None,
            "seconds": time.time() - t0, "train_max_k": train_max_k, "table": table, "markdown": text}
     (out_dir / "summary.json").write_text(json.dumps(out, indent=2))
+    if args.eval == "none":
+        print(f"\nlast validation loss, mean ± std over seeds {args.seeds}:\n{text}")
+        print(f"wrote {out_dir / 'summary.json'} ({out['seconds']:.0f} s)")
+        return
     plot(table, train_max_k, out_dir / "depth_seeds.png", f"{out_dir.name}: {len(args.seeds)} seeds")
     print(f"\naccuracy by depth k and test loops r, mean ± std over seeds {args.seeds}:\n{text}")
     print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'depth_seeds.png'} ({out['seconds']:.0f} s)")

@@ -31,6 +31,7 @@ from plumbing.cli import Parser, int_list
 from plumbing.hub import CheckpointError, checkpoint_revision, resolve_checkpoint
 from plumbing.model_card import parent_license, write_model_card
 from plumbing.parents import SurgeryError, load_parent
+from plumbing.run_dir import tokenizer_source, trained_on
 from plumbing.upload import check_push, push_to_hub
 from model import RecurrentConfig, RecurrentGPT
 
@@ -118,6 +119,9 @@ def cut(src, shape=(4, 6, 4), layers=None, static=False, untie=False, init=None,
     layer_map = parse_layers(layers, n_layers) if layers else select_layers(n_layers, shape)
     model = build(fields, sd, layer_map, recurrent=not static, untie=untie, **config_overrides)
     parent = {"init": init or src, "n_layers": n_layers, **checkpoint_revision(src)}
+    fingerprint = trained_on(src)  # a static parent of ours trained on a task's own vocabulary: its data's
+    if fingerprint:
+        parent["data_fingerprint"] = fingerprint
     lic = parent_license(parent)  # recorded now, while the parent's own files are at hand (the model card reads it)
     if lic["license"] != "unknown":
         parent["license"] = {k: lic[k] for k in ("license", "license_name", "license_link") if lic[k]}
@@ -156,7 +160,8 @@ def write_checkpoint(model, src, out_dir, command=None):
     from plumbing.tokenizer import save_tokenizer_files
 
     model.save_pretrained(out_dir)
-    save_tokenizer_files(src, out_dir)
+    if tokenizer_source(src) is not None:  # a parent trained on a task's own vocabulary has none
+        save_tokenizer_files(src, out_dir)
     with open(os.path.join(out_dir, "config.json")) as f:
         write_model_card(out_dir, json.load(f), command)
 

@@ -137,9 +137,47 @@ def load_gguf(path):
     return fields, key("block_count"), sd
 
 
+# -----------------------------------------------------------------------------
+# one of ours, trained without a loop: a parent too (the claims' tiny parent, claims.py)
+
+SHAPE_FIELDS = ("vocab_size", "n_embd", "n_head", "n_kv_head", "head_dim", "intermediate_size", "block_size",
+                "block_type", "norm_eps", "rope_theta", "rope_scaling", "attn_bias", "qk_norm", "tie_embeddings",
+                "embed_scale", "bos_id", "eos_id")
+
+
+def load_static_ours(path, cfg):
+    """(config fields, n_layers, HF-named state dict) from a static checkpoint of ours (train.py --static):
+    its prelude, core and coda are the parent's layers 0.. in order. A looped one is cut already: no."""
+    from safetensors.torch import load_file
+
+    if cfg.get("recurrent", True):
+        raise SurgeryError(f"{path} is a looped checkpoint (cut already): only a static one (train.py --static) "
+                           "is a parent; train or fine-tune this one with train.py --init")
+    parts = [(part, cfg[f"n_{part}"]) for part in ("prelude", "core", "coda")]
+    offsets = dict(zip([p for p, _ in parts], [sum(n for _, n in parts[:i]) for i in range(len(parts))]))
+    sd = {}
+    for k, v in load_file(os.path.join(path, "model.safetensors")).items():
+        part, _, rest = k.partition(".")
+        if part in offsets:  # prelude.1.mlp.up_proj.weight -> model.layers.{offset + 1}.mlp.up_proj.weight
+            j, _, name = rest.partition(".")
+            sd[f"model.layers.{offsets[part] + int(j)}.{name}"] = v.float()
+        else:
+            sd[k if k == "lm_head.weight" else f"model.{k}"] = v.float()
+    fields = {k: cfg[k] for k in SHAPE_FIELDS if k in cfg}
+    return fields, sum(n for _, n in parts), sd
+
+
 def load_parent(src):
     """A resolved parent (plumbing.hub.resolve_checkpoint) -> (config fields, n_layers, HF-named state dict)."""
-    return load_gguf(src) if src.endswith(".gguf") else load_hf_dir(src)
+    if src.endswith(".gguf"):
+        return load_gguf(src)
+    cfg_path = os.path.join(src, "config.json")
+    if os.path.isfile(cfg_path):
+        with open(cfg_path) as f:
+            cfg = json.load(f)
+        if cfg.get("model_type") == "nanorecur":
+            return load_static_ours(src, cfg)
+    return load_hf_dir(src)
 
 
 if __name__ == "__main__":
