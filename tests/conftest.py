@@ -3,8 +3,23 @@
 import errno
 import io
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def depth_dir(tmp_path_factory):
+    """A small depth-task data dir (train depth 4, validation to 6), made once per test module."""
+    out = tmp_path_factory.mktemp("depth")
+    subprocess.run([sys.executable, str(REPO / "data/depth/prepare.py"), "--out_dir", str(out), "--train_k", "4",
+                    "--test_k", "6", "--num_train", "512", "--num_val", "64"], check=True, capture_output=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return out
 
 
 @pytest.fixture

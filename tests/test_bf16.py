@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import json
 import math
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -153,15 +152,6 @@ def test_train_step_under_autocast_keeps_fp32_master_weights():
 
 def argparse_defaults(**over):
     return argparse.Namespace(**{**train.DEFAULTS, **over})
-
-
-@pytest.fixture(scope="module")
-def depth_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("depth")
-    subprocess.run([sys.executable, str(REPO / "data/depth/prepare.py"), "--out_dir", str(out), "--train_k", "3",
-                    "--test_k", "4", "--num_train", "256", "--num_val", "32"], check=True, capture_output=True,
-                   env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
-    return out
 
 
 TINY = ["--init=scratch", "--shape", "1,1,1", "--n_embd=32", "--n_head=2", "--batch_size=8", "--eval_iters=1",

@@ -18,7 +18,7 @@ import torch
 from plumbing import checkpoint
 from bench import kill_save
 from model import RecurrentConfig, RecurrentGPT
-from test_train import ENV, REPO, TINY, depth_dir, run_train  # noqa: F401 (depth_dir: the tiny data fixture)
+from test_train import ENV, REPO, TINY, run_train
 
 
 def one_line(p, *needles, code=1):

@@ -13,9 +13,6 @@ seconds from a warm one), so one compiled model serves the module.
 
 import copy
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,7 +24,6 @@ from plumbing.device import compile_blocks
 from plumbing.kv_cache import KVCache
 from sample import CachedForward, generate
 
-REPO = Path(__file__).resolve().parents[1]
 TOL = 1e-4  # max abs difference of fp32 logits, losses and gradients: inductor's fused kernels round differently
 # the blocks of train.py's tiny scratch model below (h 32, 2 heads of 16, MLP 128): train.main reuses the graphs
 CFG = dict(vocab_size=97, n_embd=32, n_head=2, n_kv_head=2, head_dim=16, intermediate_size=128, n_prelude=1,
@@ -134,14 +130,6 @@ def test_cached_decode_matches_eager_and_the_cache_length_never_recompiles(model
     decode(8, 3)
     assert graphs() == warm, "a new r or a longer cache recompiled the blocks"
     assert not fell_back()
-
-
-@pytest.fixture(scope="module")
-def depth_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("depth")
-    subprocess.run([sys.executable, str(REPO / "data/depth/prepare.py"), "--out_dir", str(out), "--train_k", "4",
-                    "--test_k", "6", "--num_train", "256", "--num_val", "32"], check=True, capture_output=True)
-    return out
 
 
 @pytest.mark.slow  # alone it compiles its graphs; after the tests above it reuses theirs (the same block shapes)

@@ -44,15 +44,6 @@ TINY = ["--init=scratch", "--shape", "1,1,1", "--n_embd=32", "--n_head=2", "--ba
         "--warmup_iters=3", "--decay_frac=0", "--device=cpu"]
 
 
-@pytest.fixture(scope="module")
-def depth_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("depth")
-    subprocess.run([sys.executable, str(REPO / "data/depth/prepare.py"), "--out_dir", str(out), "--train_k", "4",
-                    "--test_k", "6", "--num_train", "512", "--num_val", "64"], check=True, env=ENV,
-                   capture_output=True)
-    return out
-
-
 def run_train(args, nproc=2, check=True):
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     launch = launch if nproc else [sys.executable]  # nproc 0: one plain process

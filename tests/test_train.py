@@ -30,15 +30,6 @@ TINY = ["--init=scratch", "--shape", "1,1,1", "--n_embd=32", "--n_head=2", "--ba
         "--warmup_iters=3", "--decay_frac=0"]
 
 
-@pytest.fixture(scope="module")
-def depth_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("depth")
-    subprocess.run([sys.executable, str(REPO / "data/depth/prepare.py"), "--out_dir", str(out), "--train_k", "4",
-                    "--test_k", "6", "--num_train", "512", "--num_val", "64"], check=True, env=ENV,
-                   capture_output=True)
-    return out
-
-
 def run_train(args, check=True, **kw):
     p = subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=REPO, env=ENV, capture_output=True,
                        text=True, **kw)
