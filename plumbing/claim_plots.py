@@ -72,9 +72,10 @@ def plot(name, A, measured, path):
 
         for i, arm in enumerate(["scratch", "curriculum_linear", "curriculum_1sqrt"]):
             for j, (f, l) in enumerate(loss_curve(A[arm])):
-                ax[0].plot(f, l, color=f"C{i}", marker=".", lw=0.8, label=("constant rbar" if arm == "scratch" else arm)
+                ax[0].plot(f, l, color=f"C{i}", lw=0.8, label=("constant rbar" if arm == "scratch" else arm)
                            if j == 0 else None)
-        ax[0].set(xlabel="training FLOPs", ylabel="val loss at r=5", yscale="log", title="loss against FLOPs (each seed)")
+        ax[0].set(xlabel="training FLOPs", ylabel="train loss (100-step mean)", yscale="log",
+                  title="loss against FLOPs (each seed)")
         ax[0].legend(fontsize=7)
     elif name == "optimizer":
         names = list(dict.fromkeys(["muon_paper", "adamw_paper", A["_best_muon"].name, A["_best_adamw"].name]))

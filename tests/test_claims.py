@@ -23,32 +23,30 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def fake_arm(out, name, curves, seeds=(1337, 2, 3)):
-    """An arm folder as repeat.py leaves it: per seed a log.jsonl of train steps (loss, flops, grad_norm)
-    and evaluations at r=5, from curves = per seed [(step, flops, val loss)]."""
+    """An arm folder as repeat.py leaves it: per seed a log.jsonl of train steps, from curves = per seed
+    [(flops, train loss)] a step."""
     d = out / "arms" / name
     for seed, curve in zip(seeds, curves):
         (d / f"seed_{seed}").mkdir(parents=True)
-        lines = []
-        for step, flops, loss in curve:
-            lines.append({"step": step, "loss": 1.0, "flops": flops, "grad_norm": 1.0})
-            lines.append({"step": step, "val": {"5": {"loss": loss}}})
+        lines = [{"step": i + 1, "loss": loss, "flops": flops, "grad_norm": 1.0} for i, (flops, loss) in enumerate(curve)]
         (d / f"seed_{seed}" / "log.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
     (d / "summary.json").write_text(json.dumps({"table": {}, "seeds": list(seeds), "command": "fake"}))
     return claims.Arm(out, name)
 
 
-def test_flops_to_interpolates_and_curriculum_ratio_is_exact(tmp_path):
+def test_flops_to_interpolates_and_curriculum_ratio_is_exact(tmp_path, monkeypatch):
     assert claims.flops_to(([0, 10, 20], [3.0, 2.0, 1.0]), 1.5) == 15.0
     assert claims.flops_to(([0, 10], [3.0, 2.0]), 1.0) is None  # never reached
-    const = [[(100, 100.0, 2.0), (200, 200.0, 1.0)]] * 3  # final loss 1.0 after 200 FLOPs
-    fast = [[(100, 50.0, 1.5), (200, 100.0, 0.5)]] * 3  # reaches 1.0 at 75 FLOPs: 200 / 75
-    slow = [[(100, 100.0, 3.0), (200, 200.0, 2.0)]] * 3  # never reaches it
+    monkeypatch.setattr(claims, "LOSS_WINDOW", 2)  # the mean of each step and the one before
+    const = [[(100.0, 3.0), (200.0, 1.0), (300.0, 1.0)]] * 3  # means 2.0, 1.0: the target 1.0 after 300 FLOPs
+    fast = [[(50.0, 2.0), (100.0, 1.0), (150.0, 0.0)]] * 3  # means 1.5 at 100, 0.5 at 150: 1.0 at 125 -> 300 / 125
+    slow = [[(100.0, 3.0), (200.0, 2.0), (300.0, 2.0)]] * 3  # never reaches it
     A = {"scratch": fake_arm(tmp_path, "scratch", const), "curriculum_linear": fake_arm(tmp_path, "curriculum_linear", fast),
          "curriculum_1sqrt": fake_arm(tmp_path, "curriculum_1sqrt", slow)}
     rows, holds, text = claims.curriculum(A)
-    assert rows["curriculum_linear"]["flops_saving"]["values"] == pytest.approx([200 / 75] * 3)
+    assert rows["curriculum_linear"]["flops_saving"]["values"] == pytest.approx([300 / 125] * 3)
     assert rows["curriculum_1sqrt"]["flops_saving"]["values"] == [0.0] * 3
-    assert holds is False and "linear 2.67" in text
+    assert holds is False and "linear 2.40" in text
 
 
 def test_spikes_counts_jumps_and_non_finite_steps():
@@ -57,6 +55,8 @@ def test_spikes_counts_jumps_and_non_finite_steps():
     spiky = [dict(r) for r in steady]
     spiky[60]["loss"], spiky[80]["loss"] = 10.0, float("nan")
     assert claims.spikes(spiky) == 2
+    solved = [{"loss": 0.01 if i % 5 else 0.3} for i in range(100)]  # r=1 draws of a solved task: 30x, not 1 nat up
+    assert claims.spikes(solved) == 0
 
 
 def test_every_pairs_by_seed():
