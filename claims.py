@@ -246,7 +246,7 @@ def optimizer(A):
     spk = lambda n: np.array(rows[n]["spikes"]["values"])
     muon, adamw = A["_best_muon"].name, A["_best_adamw"].name
     holds = every(spk("adamw_paper"), spk("muon_paper")) and every(spk(adamw) + 0.5, spk(muon))
-    text = "; ".join(f"{n}: train loss {fmt(v['final_train_loss'], 3)}, spikes {fmt(v['spikes'], 1)}, max |g| "
+    text = "; ".join(f"{n}: train loss {fmt(v['final_train_loss'], 3)}, spikes {fmt(v['spikes'], 1)}, max grad norm "
                      f"{fmt(v['max_grad_norm'], 1)}" for n, v in rows.items() if n in ("muon_paper", "adamw_paper", muon, adamw))
     return rows, holds, text + f" (best sweep lr: {muon}, {adamw})"
 
