@@ -13,6 +13,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for the module: tiny models gain nothing from a second, and on shared cores its sync
+    waits cost a lot (modules opt in with pytestmark = pytest.mark.usefixtures("one_thread"))."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
 def depth_dir(tmp_path_factory):
     """A small depth-task data dir (train depth 4, validation to 6), made once per test module."""
     out = tmp_path_factory.mktemp("depth")

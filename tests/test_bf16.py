@@ -37,12 +37,7 @@ LOGIT_RTOL = 2.5e-2  # see the docstring: a few u per layer, 4-10 layers (0.8e-2
 BF16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny(seed=0, std=0.1, **kw):

@@ -182,13 +182,7 @@ import eval_math  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny models: a second thread only adds overhead, and others share the 2 cores
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

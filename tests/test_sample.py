@@ -18,13 +18,7 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny models gain nothing from a second thread, and on shared cores its sync waits cost a lot
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny(seed=0, std=0.2, **kw):
