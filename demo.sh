@@ -25,7 +25,7 @@ step "2a. surgery: SmolLM2-135M (30 layers) cut to (2,2,2), adapter [0 | I]; the
 python surgery.py --init=smollm2 --shape 2,2,2 --out "$OUT/smollm2_2_2_2" --overwrite
 step "2b. the depth task in SmolLM2's own tokens (' a'..' f' in, ' A'..' F' out), train depth 6, test up to 9"
 python data/depth/prepare.py --tokenizer "$OUT/smollm2_2_2_2" --out_dir "$OUT/data_depth_smollm2" --train_k 6 --test_k 9
-step "2c. the retrofit trained on it: 100 of config/cpu_retrofit_depth.json's 200 steps (~8 min at 4.7 s a step), one seed"
+step "2c. the retrofit trained on it: 100 of config/cpu_retrofit_depth.json's 400 steps (~8 min at 4.7 s a step), one seed"
 python train.py --config config/cpu_retrofit_depth.json --init "$OUT/smollm2_2_2_2" --data "$OUT/data_depth_smollm2" \
   --out_dir "$OUT/retrofit_depth" --max_iters 100
 step "2d. the retrofit's accuracy by depth k and test-time loops r"
