@@ -467,7 +467,10 @@ def test_ctrl_c_says_where_the_run_stands(depth_dir, tmp_path):
     out = tmp_path / "interrupted"
     p = subprocess.Popen([sys.executable, str(REPO / "train.py"), *TINY, "--data", str(depth_dir), "--out_dir", str(out),
                           "--eval_interval=2", "--max_iters=100000"], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                         # a shell's background job inherits SIGINT ignored, and Python then keeps ignoring it:
+                         # give the child the terminal's default, as a Ctrl-C would find it
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 60
     while not (out / "train_state.pt").exists() and time.time() < deadline:
         time.sleep(0.05)
