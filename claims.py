@@ -218,9 +218,10 @@ def curriculum(A):
 
 
 def spikes(train):
-    """Loss spikes, by train.py's own rule (plumbing/guards.diverged at its default factor 4: over 4x and over 1 nat
-    above the median of the 50 steps before; the nat keeps an r=1 draw of a solved task from counting), plus
-    non-finite steps."""
+    """Loss spikes by train.py's spike test (plumbing/guards.diverged at its default factor 4: over 4x and over 1 nat
+    above the level; the nat keeps an r=1 draw of a solved task from counting), against the median of the 50 steps
+    before (train.py's level is an EMA of the good steps: a spike it skipped would not be in a log), plus non-finite
+    steps."""
     loss = np.array([r["loss"] for r in train], dtype=float)
     return int(sum(diverged(loss[i], float(np.nanmedian(loss[max(0, i - 50):i])) if i else loss[0], 4.0)
                    for i in range(len(loss))))
