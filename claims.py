@@ -9,8 +9,8 @@ evaluates them, and says for each claim whether it holds here, with the figures.
 The claims are those of McLeish et al. 2025 (arXiv 2511.07384, retrofitted recurrence), Geiping et al.
 2025 (arXiv 2502.05171, Huginn) and arXiv 2608.11233 (per-loop supervision); their figures are quoted in
 CLAIMS below. The scale: the S3 running-product depth task (data/depth/prepare.py: train depth k <= 6,
-validation k up to 12 on unseen problems), models of width 64, 1000 steps of 64 rows (config/cpu_depth.json)
-on one thread each. The retrofit's "pretrained parent" is a tiny 8-layer static model pretrained here on
+validation k up to 12 on unseen problems), models of width 64, 800 steps of 64 rows from scratch and 500 for the
+retrofit and its baselines (config/cpu_depth.json's recipe, fewer steps: see STEPS), on one thread each. The retrofit's "pretrained parent" is a tiny 8-layer static model pretrained here on
 shallow problems (k <= 4, one seed): the paper's parents are pretrained LMs, ours knows one skill, composing
 S3 elements a few times, and the retrofit must learn to loop it (a cut (2,2,2) of it by surgery.py, whose
 [0 | I] adapter makes r = 1 the layer-dropped parent). The text half of claim 2 cuts the real SmolLM2-135M
@@ -58,28 +58,38 @@ def paths(out):
                 parent=out / "arms" / "parent" / "seed_1337", cut=out / "cut")
 
 
+# Training steps per arm family, chosen so that the whole command fits ~60 minutes on 2 idle cores (at 1000
+# steps for every tiny arm and 20 for the text arms it took 77 min, README "Claims"): from scratch (claims 1,
+# 3, 4), the retrofit and the baselines it is compared with at equal steps (claims 1, 2, 5-8), the SmolLM2 text
+# arms (claim 2, ~10 s a step on one thread).
+STEPS = {"scratch": 800, "retrofit": 500, "text": 10}
+
+
 def arms(p, smoke=False):
     """name -> (train.py args, repeat.py args). Every tiny arm is config/cpu_depth.json's recipe (Muon 1e-2
-    + AdamW 2e-3, mean r 5, backprop 4, 1000 steps of 64 rows) with what the arm changes. smoke: 8 steps
+    + AdamW 2e-3, mean r 5, backprop 4, 64 rows a step) for STEPS steps, with what the arm changes. smoke: 8 steps
     and 50 validation rows (the pipeline's test; its figures mean nothing)."""
     tiny = ["--config", "config/cpu_depth.json", "--data", str(p["depth"])]
     # from scratch: validation at the final mean r every 100 steps (claims 3 and 4 plot loss against FLOPs
     # and steps), the divergence guard off so that an unstable optimizer shows its spikes instead of stopping
-    scratch = [*tiny, "--eval_interval", "100", "--eval_r", "5", "--diverge_factor", "0", "--max_bad_steps", "1000"]
-    retro = [*tiny, "--init", str(p["cut"])]
+    scratch = [*tiny, "--max_iters", str(STEPS["scratch"]), "--eval_interval", "100", "--eval_r", "5",
+               "--diverge_factor", "0", "--max_bad_steps", "1000"]
+    short = ["--max_iters", str(STEPS["retrofit"])]  # the retrofit and every arm compared with it
+    retro = [*tiny, *short, "--init", str(p["cut"])]
     static = ["--r", "1"]  # no loop: one evaluation
-    text = ["--data", str(p["sotu"]), "--shape", "2,2,2", "--max_iters", "20", "--batch_size", "4", "--block_size",
-            "128", "--learning_rate", "1e-3", "--adam_lr", "3e-4", "--mean_recurrence", "4", "--backprop_depth", "4",
-            "--eval_interval", "20", "--eval_iters", "4", "--eval_r", "4", "--log_interval", "5"]
+    text = ["--data", str(p["sotu"]), "--shape", "2,2,2", "--max_iters", str(STEPS["text"]), "--warmup_iters", "3",
+            "--batch_size", "4", "--block_size", "128", "--learning_rate", "1e-3", "--adam_lr", "3e-4",
+            "--mean_recurrence", "4", "--backprop_depth", "4", "--eval_interval", str(STEPS["text"]), "--eval_iters", "4",
+            "--eval_r", "4", "--log_interval", "5"]
     a = {
         "parent": (["--config", "config/cpu_depth.json", "--data", str(p["parent_data"]), "--static", "--shape",
                     "2,4,2", "--max_iters", "400", "--eval_interval", "400", "--eval_r", "1"], ["--seeds", "1337", *static]),
         "retrofit": (retro, []),
         "retrofit_ss": ([*retro, "--step_supervision"], []),
         "adapter_ss": ([*retro, "--step_supervision", "--freeze", "base"], []),
-        "random": ([*tiny, "--shape", "2,2,2"], []),  # the cut's shape, random init
-        "static": ([*tiny, "--init", str(p["parent"])], static),  # the uncut parent fine-tuned, no loop
-        "cot": (["--config", "config/cpu_depth.json", "--data", str(p["cot"]), "--init", str(p["parent"])], static),
+        "random": ([*tiny, *short, "--shape", "2,2,2"], []),  # the cut's shape, random init
+        "static": ([*tiny, *short, "--init", str(p["parent"])], static),  # the uncut parent fine-tuned, no loop
+        "cot": (["--config", "config/cpu_depth.json", "--data", str(p["cot"]), *short, "--init", str(p["parent"])], static),
         "scratch": (scratch, []),  # = Muon at the tuned 1e-2: claims 1, 3 (constant rbar) and 4 share it
         "curriculum_linear": ([*scratch, "--curriculum", "linear", "--curriculum_frac", "0.25"], []),
         "curriculum_1sqrt": ([*scratch, "--curriculum", "1-sqrt", "--curriculum_frac", "0.75"], []),
@@ -171,7 +181,7 @@ def pretrained(A):
     rows = {"depth_seen_r8": {n: fig(v) for n, v in depth.items()}, "text_val_loss_r4": {n: fig(v) for n, v in loss.items()}}
     holds = every(depth["retrofit"], depth["random"]) and every(loss["text_random"], loss["text_pretrained"])
     text = (f"depth k<=6 at r=8: cut parent {fmt(rows['depth_seen_r8']['retrofit'])} vs random "
-            f"{fmt(rows['depth_seen_r8']['random'])}; SmolLM2 text val loss (20 steps): cut {fmt(rows['text_val_loss_r4']['text_pretrained'])} "
+            f"{fmt(rows['depth_seen_r8']['random'])}; SmolLM2 text val loss ({STEPS['text']} steps): cut {fmt(rows['text_val_loss_r4']['text_pretrained'])} "
             f"vs random {fmt(rows['text_val_loss_r4']['text_random'])}")
     return rows, holds, text
 
