@@ -66,7 +66,9 @@ def plot(name, A, measured, path):
         by_r(ax[0], A, ["retrofit", "random"], "seen", "depth task, k <= 6")
         loss = measured["text_val_loss_r4"]
         ax[1].bar(list(loss), [v["mean"] for v in loss.values()], yerr=[v["std"] for v in loss.values()], capsize=4)
-        ax[1].set(ylabel="val loss at r=4 after 20 steps", title="SmolLM2 (2,2,2) on data/sotu")
+        from claims import STEPS
+
+        ax[1].set(ylabel=f"val loss at r=4 after {STEPS['text']} steps", title="SmolLM2 (2,2,2) on data/sotu")
     elif name == "curriculum":
         from claims import loss_curve
 
