@@ -13,7 +13,8 @@ evaluation's s_0 draws stay fixed, so the spread is the spread of training.
         --data data/depth --step_supervision
     python repeat.py --compare out/demo/eval_depth out/demo/eval_retrofit_depth   # two evals side by side
     python repeat.py --out_dir out/seeds/text --eval none -- --data data/sotu --max_iters 20   # text: val loss only
-Everything after `--` goes to train.py (per seed: --seed S --out_dir OUT/seed_S are added). Writes
+Everything after `--` goes to train.py (per seed: --seed S --out_dir OUT/seed_S are added, and {seed} in
+an argument becomes S: a second phase continues each seed of the first, `-- --init OUT1/seed_{seed}`). Writes
 OUT/seed_S/ (the run and its eval/), OUT/summary.json (command, seeds, git commit, seconds, the
 table) and OUT/depth_seeds.png; prints the table as markdown. A seed whose run and evaluation are
 already in OUT with the same command is reused, a killed one resumes from its last save (train.py
@@ -47,6 +48,7 @@ def seed_result(seed, out_dir, train_args, eval_r, eval_args):
     result of exactly this command. eval_args None: no depth evaluation (text data), the summary is the
     run's last validation losses (train.py's log.jsonl)."""
     run_dir = out_dir / f"seed_{seed}"
+    train_args = [a.replace("{seed}", str(seed)) for a in train_args]
     train_cmd = [sys.executable, "train.py", *train_args, "--seed", str(seed), "--out_dir", str(run_dir)]
     data = train_args[train_args.index("--data") + 1] if "--data" in train_args else "data/depth"
     eval_cmd = None if eval_args is None else [

@@ -73,3 +73,13 @@ def test_seeds_table_reuse_and_refusal(tmp_path):
     assert "another command" in p.stderr
     p = repeat("--out_dir", out, "--", *TINY, "--seed", "3")
     assert p.returncode == 2 and "set per seed" in p.stderr
+    # a second phase: {seed} becomes each seed's number, so seed S continues from the first phase's seed S
+    phase2 = tmp_path / "phase2"
+    p = repeat("--out_dir", phase2, "--seeds", "1,2", "--r", "1", "--", "--init", out / "seed_{seed}", "--data", data,
+               "--batch_size=8", "--eval_iters=1", "--eval_r=1", "--mean_recurrence=2", "--backprop_depth=2",
+               "--max_iters=2", "--warmup_iters=1", "--eval_interval=2")
+    assert p.returncode == 0, p.stderr[-2000:]
+    for s in (1, 2):
+        train = json.loads((phase2 / f"seed_{s}" / "repeat_command.json").read_text())["train"]
+        assert train[train.index("--init") + 1] == str(out / f"seed_{s}")
+        assert (phase2 / f"seed_{s}" / "model.safetensors").read_bytes() != w[s - 1]  # trained on from there
