@@ -10,10 +10,11 @@ The claims are those of McLeish et al. 2025 (arXiv 2511.07384, retrofitted recur
 2025 (arXiv 2502.05171, Huginn) and arXiv 2608.11233 (per-loop supervision); their figures are quoted in
 CLAIMS below. The scale: the S3 running-product depth task (data/depth/prepare.py: train depth k <= 6,
 validation k up to 12 on unseen problems), models of width 64, 800 steps of 64 rows from scratch and 500 for the
-retrofit and its baselines (config/cpu_depth.json's recipe, fewer steps: see STEPS), on one thread each. The retrofit's "pretrained parent" is a tiny 8-layer static model pretrained here on
-shallow problems (k <= 4, one seed): the paper's parents are pretrained LMs, ours knows one skill, composing
-S3 elements a few times, and the retrofit must learn to loop it (a cut (2,2,2) of it by surgery.py, whose
-[0 | I] adapter makes r = 1 the layer-dropped parent). The text half of claim 2 cuts the real SmolLM2-135M
+retrofit and its baselines (config/cpu_depth.json's recipe, fewer steps: see STEPS), on one thread each. The
+retrofit's "pretrained parent" is a tiny 8-layer static model pretrained here on shallow problems (k <= 4, one
+seed): the paper's parents are pretrained LMs, ours knows one skill, composing S3 elements a few times, and
+the retrofit must learn to loop it (a cut (2,2,2) of it by surgery.py, whose [0 | I] adapter makes r = 1 the
+layer-dropped parent). The text half of claim 2 cuts the real SmolLM2-135M
 (the offline GGUF). A SmolLM2 retrofit on the depth task is issue-scale work (repeat.py, see README), too
 slow for this command.
 
