@@ -75,7 +75,7 @@ def test_seeds_table_reuse_and_refusal(tmp_path):
     assert p.returncode == 2 and "set per seed" in p.stderr
     # a second phase: {seed} becomes each seed's number, so seed S continues from the first phase's seed S
     phase2 = tmp_path / "phase2"
-    p = repeat("--out_dir", phase2, "--seeds", "1,2", "--r", "1", "--", "--init", out / "seed_{seed}", "--data", data,
+    p = repeat("--out_dir", phase2, "--seeds", "1,2", "--eval", "none", "--", "--init", out / "seed_{seed}", "--data", data,
                "--batch_size=8", "--eval_iters=1", "--eval_r=1", "--mean_recurrence=2", "--backprop_depth=2",
                "--max_iters=2", "--warmup_iters=1", "--eval_interval=2")
     assert p.returncode == 0, p.stderr[-2000:]
