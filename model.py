@@ -90,12 +90,13 @@ def attend(q, k, v, mask=None):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True if q.shape[2] > 1 else False, enable_gqa=gqa)
 
 
-@torch.compiler.disable
 def attend_cached(q, k, v, mask, cache, key):
     """attend() over the past too: k, v of the new positions go into the KV cache at key = (part, layer, loop)
     (plumbing/kv_cache.py), which hands back every position's. Eager under --compile (torch.compile of the blocks):
     the cache's positions, slots and exited rows are Python state that changes every token and its keys are views
-    into preallocated buffers; traced, each change would be a guard and a recompile."""
+    into preallocated buffers; traced, each change would be a guard and a recompile. compile_blocks
+    (plumbing/device.py) wraps it in torch.compiler.disable, not a decorator here: that imports torch._dynamo,
+    ~2.5 s of every process's start, which only a compiled run needs."""
     k, v = cache.update(key, k, v)  # (B, nkv, S, hd) with the past prepended
     return attend(q, k, v, mask)
 

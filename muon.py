@@ -31,7 +31,8 @@ from collections import defaultdict
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Shard
+
+from plumbing.device import is_dtensor
 
 # Keller Jordan's quintic coefficients (the same defaults as torch.optim.Muon)
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -107,7 +108,7 @@ class Muon(torch.optim.Optimizer):
                 continue
             # under FSDP2 (train.py --fsdp) each parameter is a DTensor whose local tensor is this rank's rows:
             # momentum, weight decay and the update are elementwise and run on those rows alone
-            sharded = isinstance(params[0], DTensor)
+            sharded = is_dtensor(params[0])
             local = (lambda t: t.to_local()) if sharded else (lambda t: t)
             weights, grads = [local(p) for p in params], [local(p.grad) for p in params]
             bufs = []
@@ -168,6 +169,8 @@ def orthogonalize_sharded(params, updates, group):
     back. Each rank runs Newton-Schulz on 1/world of the matrices and receives about 2/world of their
     bytes, where an all-gather of every matrix on every rank would receive all of them and compute all.
     Returns this rank's rows of each orthogonalized update, in ns_dtype."""
+    from torch.distributed.tensor import Shard  # here: only --fsdp needs it (plumbing.device.is_dtensor)
+
     mesh = params[0].device_mesh
     if mesh.ndim != 1 or any(p.placements != (Shard(0),) for p in params):
         raise ValueError("Muon takes DTensor parameters sharded by rows over one mesh dimension (FSDP2's default)")

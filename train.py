@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from plumbing import checkpoint, fsdp, guards, run_dir
+from plumbing import checkpoint, guards, run_dir
 from plumbing.batches import batch_rows, get_batch, labeled_length, open_data, state_seeds
 from plumbing.cli import at_least, git_commit, int_list, str2bool
 from plumbing.device import AUTOCAST, compile_blocks, setup
@@ -168,7 +168,10 @@ def check_args(args):
         at_least(args, 1, "eval_interval", "eval_iters", "batch_size", "block_size", "max_bad_steps", "diverge_steps",
                  "log_interval", "mean_recurrence", "backprop_depth")
         at_least(args, 0, "max_iters", "warmup_iters", "total_batch_tokens", "recurrence_sigma", "grad_clip")
-        fsdp.check_flags(args)  # --fsdp needs torchrun
+        if args.fsdp:  # plumbing/fsdp.py only where --fsdp asks for it: its torch.distributed.checkpoint and DTensor
+            from plumbing import fsdp  # imports cost every start ~1.5 s (start() and train() import it the same way)
+
+            fsdp.check_flags(args)  # --fsdp needs torchrun
     except ValueError as err:
         raise TrainError(str(err)) from None
     for key, allowed in CHOICES.items():
@@ -379,6 +382,8 @@ def start(args, meta, device, master):
     """The model (built, or a --resume's save; its blocks compiled with --compile), its optimizers (and
     their split by name), its tokenizer source, and where a resumed run stood: its step, FLOPs so far and
     the divergence check's running levels (an EMA of the train loss over good steps, the best eval loss)."""
+    if args.fsdp:
+        from plumbing import fsdp
     torch.manual_seed(args.seed)
     ckpt_dir = ckpt_step = None
     if args.resume:  # the newest complete save, and the settings it was trained with (--fsdp: the master checks)
@@ -412,6 +417,8 @@ def accumulation(args, T, world):
 
 
 def train(args):
+    if args.fsdp:
+        from plumbing import fsdp
     ddp, rank, world, device, autocast = setup(args.device, args.autocast)  # torchrun's ranks or one process; dtype
     master = rank == 0
     run_lock = run_dir.claim(args.out_dir, master)  # out_dir writable, and this process its only owner

@@ -14,6 +14,7 @@ average the loss it prints).
 
 import contextlib
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -52,6 +53,13 @@ def setup(device="auto", autocast="auto"):
     return ddp, rank, world, dev, autocast_context(dev, autocast)
 
 
+def is_dtensor(t):
+    """isinstance(t, DTensor) (a --fsdp parameter, plumbing/fsdp.py) without importing torch.distributed.tensor,
+    ~1.5 s of every process's start: a DTensor exists only once FSDP2 has imported that module."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(t, dtensor.DTensor)
+
+
 def compile_blocks(model, backend="inductor"):
     """--compile of train.py, sample.py and eval_math.py: torch.compile every block of the prelude, core and coda,
     in place (inductor: C++ on the CPU, Triton on CUDA). The blocks, not forward: the loop over r has a
@@ -62,7 +70,11 @@ def compile_blocks(model, backend="inductor"):
     decode token, would each cost a recompile otherwise, and past torch._dynamo.config.recompile_limit (8) dynamo
     runs eagerly without a word. Sizes of 1 (a decode step, one prompt), grad / no-grad / inference mode and a mask
     or none still get graphs of their own: a bounded few, whatever r (tests/test_compile.py counts them). The
-    cache and the attention over it stay eager (model.attend_cached). The state dict keeps its names."""
+    cache and the attention over it stay eager (model.attend_cached, wrapped here). The state dict keeps its names."""
+    import model as recurrent  # here, not at the top: model's users import plumbing
+
+    if not hasattr(recurrent.attend_cached, "_torchdynamo_disable"):  # once, however many models are compiled
+        recurrent.attend_cached = torch.compiler.disable(recurrent.attend_cached)
     for block in (*model.prelude, *model.core, *model.coda):
         block.compile(backend=backend, dynamic=True)
     return model

@@ -18,11 +18,11 @@ import sys
 import time
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from plumbing import checkpoint
 from plumbing.checkpoint import RunDirError
 from plumbing.cli import ready_out_dir
+from plumbing.device import is_dtensor
 from plumbing.model_card import write_model_card
 
 
@@ -199,7 +199,7 @@ def adapter_norms(model):
     if not model.config.recurrent:
         return None
     W, h = model.adapter.weight.detach(), model.config.n_embd
-    W = (W.full_tensor() if isinstance(W, DTensor) else W).float()  # --fsdp: every rank gathers its rows
+    W = (W.full_tensor() if is_dtensor(W) else W).float()  # --fsdp: every rank gathers its rows
     return {"state": W[:, :h].norm().item(), "embed": W[:, h:].norm().item()}
 
 

@@ -13,6 +13,10 @@ seconds from a warm one), so one compiled model serves the module.
 
 import copy
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +27,8 @@ from model import RecurrentConfig, RecurrentGPT
 from plumbing.device import compile_blocks
 from plumbing.kv_cache import KVCache
 from sample import CachedForward, generate
+
+REPO = Path(__file__).resolve().parents[1]
 
 TOL = 1e-4  # max abs difference of fp32 logits, losses and gradients: inductor's fused kernels round differently
 # the blocks of train.py's tiny scratch model below (h 32, 2 heads of 16, MLP 128): train.main reuses the graphs
@@ -155,3 +161,13 @@ def test_train_py_compile_gives_the_eager_losses(models, depth_dir, tmp_path, mo
     for (s, r, a), (s2, r2, b) in zip(losses["true"], losses["false"]):
         assert (s, r) == (s2, r2) and abs(a - b) <= TOL, (s, r, a, b)
     assert not fell_back()
+
+
+def test_only_a_compiled_run_imports_dynamo():
+    """compile_blocks wraps model.attend_cached in torch.compiler.disable itself: a decorator in model.py would
+    import torch._dynamo at every train.py / sample.py / eval_math.py start (~2.5 s of a few-second process)."""
+    code = ("import sys, train, sample, eval_math; assert 'torch._dynamo' not in sys.modules, 'imported at start'; "
+            "from plumbing.device import compile_blocks; import model; "
+            "compile_blocks(model.RecurrentGPT(model.RecurrentConfig())); "
+            "assert model.attend_cached._torchdynamo_disable")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
