@@ -5,7 +5,7 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: install install-dev demo test claims
+.PHONY: install install-dev demo retrofit_depth test claims
 
 $(PYTHON):
 	python3 -m venv $(VENV)
@@ -19,6 +19,10 @@ install-dev: install
 
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash demo.sh
+
+# the retrofit on the depth task, whole (both phases, one seed): what the demo's part 2 shortens
+retrofit_depth: install
+	PATH="$(abspath $(VENV))/bin:$$PATH" bash retrofit_depth.sh
 
 # the papers' claims at CPU scale (claims.py): out/claims/<claim>/summary.json + PNG, out/claims/claims.md
 claims: install
