@@ -13,7 +13,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}  # the demo needs no hub: smollm2 resolves to the GGUF from PyPI
 step() { printf '\n=== %s\n' "$*"; }
 start=$(date +%s)
-rm -rf "$OUT/depth"  # a fresh run each time (train.py without --resume would refuse it; retrofit_depth.sh clears its own)
+rm -rf "$OUT/depth"  # a fresh run each time (train.py without --resume would append to it; retrofit_depth.sh clears its own)
 
 step "1a. the depth task: S3 running products, train depth k <= 6, test up to 12"
 python data/depth/prepare.py --out_dir "$OUT/data_depth"

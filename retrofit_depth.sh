@@ -17,7 +17,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}  # no hub: smollm2 resolves to the GGUF from PyPI
 step() { printf '\n=== %s\n' "$*"; }
 start=$(date +%s)
-rm -rf "$OUT/retrofit_depth" "$OUT/retrofit_depth_phase2"  # fresh runs (train.py without --resume would refuse them)
+rm -rf "$OUT/retrofit_depth" "$OUT/retrofit_depth_phase2"  # fresh runs (train.py without --resume would append to them)
 
 step "surgery: SmolLM2-135M (30 layers) cut to (2,2,2), adapter [0 | I]; the self-check must print diff 0"
 python surgery.py --init=smollm2 --shape 2,2,2 --out "$OUT/smollm2_2_2_2" --overwrite
