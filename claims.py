@@ -460,7 +460,7 @@ def report(args, out, chosen, command, t0):
                    "command": command, "git_commit": git, "seconds": time.time() - t0,
                    "train_seconds": sum(a.train_seconds() for k, a in A.items() if not k.startswith("_"))}
         (d / "summary.json").write_text(json.dumps(summary, indent=2))
-        claim_plots.plot(name, A, measured, d / f"{name}.png")
+        claim_plots.plot(name, A, measured, d / f"{name}.png", STEPS)
         rows.append(f"| {num}. {claim} | {paper} | {text} | {'yes' if holds else 'no'} | `python claims.py --claim {name}` |")
     md = (f"| claim | paper | measured here (mean ± std over {n} seeds) | holds here | command |\n|---|---|---|---|---|\n"
           + "\n".join(rows))

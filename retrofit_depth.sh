@@ -23,7 +23,7 @@ step "surgery: SmolLM2-135M (30 layers) cut to (2,2,2), adapter [0 | I]; the sel
 python surgery.py --init=smollm2 --shape 2,2,2 --out "$OUT/smollm2_2_2_2" --overwrite
 step "the depth task in SmolLM2's own tokens (' a'..' f' in, ' A'..' F' out), train depth 6, test up to 9"
 python data/depth/prepare.py --tokenizer "$OUT/smollm2_2_2_2" --out_dir "$OUT/data_depth_smollm2" --train_k 6 --test_k 9
-step "phase 1: $STEPS steps of config/cpu_retrofit_depth.json (mean r 4, per-loop supervision; 4.7 s a step here)"
+step "phase 1: $STEPS steps of config/cpu_retrofit_depth.json (mean r 4, per-loop supervision; 4.7-6.4 s a step on 2 idle cores)"
 python train.py --config config/cpu_retrofit_depth.json --init "$OUT/smollm2_2_2_2" --data "$OUT/data_depth_smollm2" \
   --out_dir "$OUT/retrofit_depth" --max_iters "$STEPS" --seed "$SEED"
 final="$OUT/retrofit_depth"

@@ -54,7 +54,8 @@ def curves(ax, A, names, key, ylabel):
     ax.legend(fontsize=7)
 
 
-def plot(name, A, measured, path):
+def plot(name, A, measured, path, steps):
+    """Claim name's figure to path: A the arms' seed summaries, measured its summary's figures, steps claims.STEPS."""
     plt = pyplot()
     two = name in ("loops", "pretrained", "optimizer", "supervision")
     fig, axes = plt.subplots(1, 2 if two else 1, figsize=(11 if two else 6, 4), squeeze=False)
@@ -66,9 +67,7 @@ def plot(name, A, measured, path):
         by_r(ax[0], A, ["retrofit", "random"], "seen", "depth task, k <= 6")
         loss = measured["text_val_loss_r4"]
         ax[1].bar(list(loss), [v["mean"] for v in loss.values()], yerr=[v["std"] for v in loss.values()], capsize=4)
-        from claims import STEPS
-
-        ax[1].set(ylabel=f"val loss at r=4 after {STEPS['text']} steps", title="SmolLM2 (2,2,2) on data/sotu")
+        ax[1].set(ylabel=f"val loss at r=4 after {steps['text']} steps", title="SmolLM2 (2,2,2) on data/sotu")
     elif name == "curriculum":
         from claims import loss_curve
 
