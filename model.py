@@ -394,11 +394,16 @@ class RecurrentGPT(nn.Module):
             if return_states:
                 states.append(s)
             if (supervise or return_loop_logits) and i < n + k - 1:
-                logits = self.readout(s, rope, positions=at)  # (B, T, V) or (N, V)
+                reach = depths <= i + 1 if supervise else None  # after loop i + 1: the labels of depth <= i + 1
+                # in training the head reads out only where this loop has a label (exact: the others are ignored):
+                # at r = 4 loops 1-3 of a depth-6 row read 1 + 2 + 3 of its 6 labels, a third of the per-loop head
+                own = supervise and labeled_only and not return_loop_logits
+                logits = self.readout(s, rope, positions=at & reach if own else at)  # (B, T, V) or (N, V)
                 if return_loop_logits:
                     loop_logits.append(logits)
-                if supervise:  # after loop i + 1: the labels of depth <= i + 1
-                    loop_losses.append(loop_loss(logits, flat(targets.masked_fill(depths > i + 1, IGNORE_INDEX))))
+                if supervise:
+                    loop_losses.append(loop_loss(logits, targets[at & reach] if own
+                                                 else flat(targets.masked_fill(~reach, IGNORE_INDEX))))
         # 5. coda, final norm, head; the loss (the outcome loss, and the per-loop losses with weight w)
         logits = self.readout(s, rope, positions=at)
         loss = None

@@ -101,6 +101,30 @@ def test_step_supervision_loss_by_hand():
     assert logits.shape == ((y != -1).sum(), 14)
 
 
+def test_per_loop_head_reads_out_only_the_labels_each_loop_reaches():
+    """train.py's forward (labeled_only, per-loop supervision): the same loss and gradients as the head at every
+    position, with the head after loop i only on the labels of depth <= i (the depth task's rows: depth = position)."""
+    model = tiny()
+    x = torch.randint(0, 64, (3, 7), generator=torch.Generator().manual_seed(4))
+    y = torch.randint(0, 64, (3, 7), generator=torch.Generator().manual_seed(5))
+    depths = torch.arange(7).expand(3, 7).clone()
+    y[:, 0] = -1
+    rows = []
+    model.lm_head.register_forward_hook(lambda m, inp, out: rows.append(inp[0].reshape(-1, inp[0].shape[-1]).shape[0]))
+    ref, cut = {}, {}
+    for labeled_only, g in ((False, ref), (True, cut)):
+        rows.clear()
+        model.zero_grad(set_to_none=True)
+        loss = model(x, y, num_steps=(0, 4), depths=depths, depth_weight=0.5, labeled_only=labeled_only)[1]
+        loss.backward()
+        g.update(grads(model), loss=loss.detach(), rows=list(rows))
+    assert ref["rows"] == [21] * 4  # every position, after loops 1, 2, 3 and 4
+    assert cut["rows"] == [3, 6, 9, 18]  # depth <= 1, <= 2, <= 3, then all 6 labels of the 3 rows
+    for n in ref:
+        if n != "rows":
+            torch.testing.assert_close(cut[n], ref[n], rtol=0, atol=1e-6, msg=n)
+
+
 def test_recorded_states_and_loop_logits_are_the_pieces():
     model = tiny()
     idx = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(3))
