@@ -273,19 +273,27 @@ def run_depth(args, model):
     ids, targets, steps = (np.asarray(a).reshape(shape) for a in (ids, targets, steps))
     if args.limit:
         ids, targets, steps = ids[:args.limit], targets[:args.limit], steps[:args.limit]
-    records = []
-    for r in args.r:
-        torch.manual_seed(args.seed)  # s_0 is a random draw: the same draws for every r
-        for b in range(0, len(ids), args.batch_size):
-            x = torch.from_numpy(ids[b:b + args.batch_size].astype(np.int64)).to(args.device)
-            pred = model(x, num_steps=r)[0].argmax(-1).cpu().numpy()  # (B, T)
-            tgt, stp = targets[b:b + args.batch_size], steps[b:b + args.batch_size]
+    # one trajectory of max(r) loops per batch, read out after each r: s_0 is the same seeded draw for every r, so
+    # the states after r loops are those of a run with num_steps=r, and 32 loops cost 32, not 1 + 2 + ... + 32;
+    # the head (a parent's 49k vocabulary) reads out at the labeled positions only
+    records, r_max = [], max(args.r)
+    torch.manual_seed(args.seed)
+    for b in range(0, len(ids), args.batch_size):
+        x, y = (torch.from_numpy(a[b:b + args.batch_size].astype(np.int64)).to(args.device) for a in (ids, targets))
+        tgt, stp = targets[b:b + args.batch_size], steps[b:b + args.batch_size]
+        out = model(x, y, num_steps=r_max, labeled_only=True, return_states=True)  # s_0 .. s_rmax
+        rope, lab = model.rope(torch.arange(x.shape[1], device=x.device)), y != IGNORE_INDEX
+        for r in args.r:
+            logits = out.logits if r == r_max else model.readout(out.states[r], rope, positions=lab)  # (N, V)
+            pred = np.full(tgt.shape, IGNORE_INDEX)
+            pred[lab.cpu().numpy()] = logits.argmax(-1).cpu().numpy()
             for k in range(len(x)):
-                lab = tgt[k] != IGNORE_INDEX
-                order = np.argsort(stp[k][lab], kind="stable")
+                lk = tgt[k] != IGNORE_INDEX
+                order = np.argsort(stp[k][lk], kind="stable")
                 records.append({"index": b + k, "r": r, "k": int(stp[k].max()),
-                                "steps": stp[k][lab][order].tolist(),
-                                "correct": (pred[k][lab] == tgt[k][lab])[order].astype(int).tolist()})
+                                "steps": stp[k][lk][order].tolist(),
+                                "correct": (pred[k][lk] == tgt[k][lk])[order].astype(int).tolist()})
+    records.sort(key=lambda rec: (args.r.index(rec["r"]), rec["index"]))  # by r, then row: as results.jsonl was
     return records, meta
 
 
