@@ -358,8 +358,10 @@ def make_optimizers(model, args):
         opts.append(Muon([p for _, p in groups["muon"]], lr=args.learning_rate, weight_decay=args.weight_decay,
                          momentum=args.muon_momentum, adjust_lr_fn=args.muon_adjust_lr))
     if groups["adamw"]:
+        # fused: one kernel for the update, 6x faster on CPU than the default (0.03 s vs 0.17 s a step for SmolLM2's
+        # 28M embedding on 2 cores), same math within fp32 rounding; FSDP2's DTensor shards keep the default
         opts.append(torch.optim.AdamW([p for _, p in groups["adamw"]], lr=args.adam_lr, betas=(args.beta1, args.beta2),
-                                      weight_decay=args.weight_decay))
+                                      weight_decay=args.weight_decay, fused=not args.fsdp))
     for opt in opts:
         for g in opt.param_groups:
             g["peak_lr"] = g["lr"]
