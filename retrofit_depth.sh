@@ -3,7 +3,7 @@
 # to (2,2,2), the S3 depth task in its own tokens, phase 1 (config/cpu_retrofit_depth.json: 400 steps at mean
 # r 4), phase 2 (config/cpu_retrofit_depth_phase2.json: 50 steps at mean r 16), then accuracy by (task depth k,
 # test loops r) on 1000 unseen rows per k. One seed (SEED, default 1337): the README's tables are three seeds of
-# the same two configs (repeat.py); the time it takes on 2 idle cores is in the README (Quick start, item 2).
+# the same two configs (repeat.py). On 2 idle cores it took 43 min 43 s (README, Quick start, item 2).
 # demo.sh runs a shortened version of it: STEPS=100 PHASE2_STEPS=0 (phase 1's first 100 steps only).
 #   bash retrofit_depth.sh                       # outputs in $OUT (default out/retrofit)
 #   STEPS=100 PHASE2_STEPS=0 OUT=out/demo bash retrofit_depth.sh
@@ -23,12 +23,12 @@ step "surgery: SmolLM2-135M (30 layers) cut to (2,2,2), adapter [0 | I]; the sel
 python surgery.py --init=smollm2 --shape 2,2,2 --out "$OUT/smollm2_2_2_2" --overwrite
 step "the depth task in SmolLM2's own tokens (' a'..' f' in, ' A'..' F' out), train depth 6, test up to 9"
 python data/depth/prepare.py --tokenizer "$OUT/smollm2_2_2_2" --out_dir "$OUT/data_depth_smollm2" --train_k 6 --test_k 9
-step "phase 1: $STEPS steps of config/cpu_retrofit_depth.json (mean r 4, per-loop supervision; 4.7-6.4 s a step on 2 idle cores)"
+step "phase 1: $STEPS steps of config/cpu_retrofit_depth.json (mean r 4, per-loop supervision; ~5 s a step on 2 idle cores)"
 python train.py --config config/cpu_retrofit_depth.json --init "$OUT/smollm2_2_2_2" --data "$OUT/data_depth_smollm2" \
   --out_dir "$OUT/retrofit_depth" --max_iters "$STEPS" --seed "$SEED"
 final="$OUT/retrofit_depth"
 if [ "$PHASE2_STEPS" -gt 0 ]; then
-  step "phase 2: $PHASE2_STEPS steps of config/cpu_retrofit_depth_phase2.json (mean r 16, lr / 3), from phase 1"
+  step "phase 2: $PHASE2_STEPS steps of config/cpu_retrofit_depth_phase2.json (mean r 16, lr / 3), from phase 1 (~7 s a step)"
   python train.py --config config/cpu_retrofit_depth_phase2.json --init "$OUT/retrofit_depth" \
     --data "$OUT/data_depth_smollm2" --out_dir "$OUT/retrofit_depth_phase2" --max_iters "$PHASE2_STEPS" --seed "$SEED"
   final="$OUT/retrofit_depth_phase2"
