@@ -281,18 +281,18 @@ def run_depth(args, model):
     for b in range(0, len(ids), args.batch_size):
         x, y = (torch.from_numpy(a[b:b + args.batch_size].astype(np.int64)).to(args.device) for a in (ids, targets))
         tgt, stp = targets[b:b + args.batch_size], steps[b:b + args.batch_size]
+        lab = tgt != IGNORE_INDEX  # (B, T): the positions read out
         out = model(x, y, num_steps=r_max, labeled_only=True, return_states=True)  # s_0 .. s_rmax
-        rope, lab = model.rope(torch.arange(x.shape[1], device=x.device)), y != IGNORE_INDEX
+        rope = model.rope(torch.arange(x.shape[1], device=x.device))
         for r in args.r:
-            logits = out.logits if r == r_max else model.readout(out.states[r], rope, positions=lab)  # (N, V)
+            logits = out.logits if r == r_max else model.readout(out.states[r], rope, positions=y != IGNORE_INDEX)
             pred = np.full(tgt.shape, IGNORE_INDEX)
-            pred[lab.cpu().numpy()] = logits.argmax(-1).cpu().numpy()
+            pred[lab] = logits.argmax(-1).cpu().numpy()  # logits (N, V) at the N labeled positions, row-major
             for k in range(len(x)):
-                lk = tgt[k] != IGNORE_INDEX
-                order = np.argsort(stp[k][lk], kind="stable")
+                order = np.argsort(stp[k][lab[k]], kind="stable")
                 records.append({"index": b + k, "r": r, "k": int(stp[k].max()),
-                                "steps": stp[k][lk][order].tolist(),
-                                "correct": (pred[k][lk] == tgt[k][lk])[order].astype(int).tolist()})
+                                "steps": stp[k][lab[k]][order].tolist(),
+                                "correct": (pred[k][lab[k]] == tgt[k][lab[k]])[order].astype(int).tolist()})
     records.sort(key=lambda rec: (args.r.index(rec["r"]), rec["index"]))  # by r, then row: as results.jsonl was
     return records, meta
 
