@@ -22,7 +22,7 @@ python train.py --config config/cpu_depth.json --data "$OUT/data_depth" --out_di
 step "1c. accuracy by depth k and test-time loops r"
 python eval_math.py --init "$OUT/depth" --task depth --data "$OUT/data_depth" --r 1,2,4,8,16,32 --out_dir "$OUT/eval_depth"
 
-step "2a-d. the retrofit (retrofit_depth.sh, shortened: 100 of phase 1's 400 steps, no phase 2, ~8 min, one seed)"
+step "2a-d. the retrofit (retrofit_depth.sh, shortened: 100 of phase 1's 400 steps, no phase 2, ~12 min, one seed)"
 STEPS=100 PHASE2_STEPS=0 OUT="$OUT" bash retrofit_depth.sh
 step "2e. the two side by side: the from-scratch model (1b) and the retrofit (2a-d)"
 python repeat.py --compare "$OUT/eval_depth" "$OUT/eval_retrofit_depth"
