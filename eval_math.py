@@ -281,11 +281,11 @@ def run_depth(args, model):
     for b in range(0, len(ids), args.batch_size):
         x, y = (torch.from_numpy(a[b:b + args.batch_size].astype(np.int64)).to(args.device) for a in (ids, targets))
         tgt, stp = targets[b:b + args.batch_size], steps[b:b + args.batch_size]
-        lab = tgt != IGNORE_INDEX  # (B, T): the positions read out
+        lab, at = tgt != IGNORE_INDEX, y != IGNORE_INDEX  # (B, T): the positions read out, in numpy and torch
         out = model(x, y, num_steps=r_max, labeled_only=True, return_states=True)  # s_0 .. s_rmax
         rope = model.rope(torch.arange(x.shape[1], device=x.device))
         for r in args.r:
-            logits = out.logits if r == r_max else model.readout(out.states[r], rope, positions=y != IGNORE_INDEX)
+            logits = out.logits if r == r_max else model.readout(out.states[r], rope, positions=at)
             pred = np.full(tgt.shape, IGNORE_INDEX)
             pred[lab] = logits.argmax(-1).cpu().numpy()  # logits (N, V) at the N labeled positions, row-major
             for k in range(len(x)):
