@@ -9,8 +9,11 @@ loops with grad, McLeish et al. 2025, arXiv 2511.07384):
   full      forward + backward on whole rows, head at every position (train.py before the cut)
   cut       rows cut to their labeled columns (exact: causal attention, padding only after them)
   cut+head  and the head only at the labeled positions (exact: same loss)
+  loop/all  per-loop supervision (the config's --step_supervision, arXiv 2608.11233), the head after every
+            loop at every label (model.forward before it read out only the labels a loop reaches)
+  loop      the same, the head after loop i only at the labels of depth <= i (exact: same loss, as train.py)
   muon      one Muon step over the block matrices and the adapter (muon.py)
-with the loss of each variant, which must agree. Random weights in SmolLM2-135M's shapes: the
+with the loss of each variant, which must agree (the two per-loop ones with each other). Random weights in SmolLM2-135M's shapes: the
 timing does not depend on the values.
 
     python bench/bench_retrofit_depth.py                         # (2,2,2), (2,4,2), (4,4,4), B = 32
@@ -66,7 +69,8 @@ def main():
     args = ap.parse_args()
     print(f"threads {torch.get_num_threads()}, batch {args.batch} rows of {args.test_k + 1} tokens "
           f"({args.train_k} labeled), r = {args.r}")
-    print(f"{'shape':>8} {'full s':>8} {'cut s':>8} {'cut+head s':>11} {'muon s':>8} {'step s':>8}  losses")
+    print(f"{'shape':>8} {'full s':>8} {'cut s':>8} {'cut+head s':>11} {'loop/all s':>11} {'loop s':>8} {'muon s':>8} "
+          f"{'step s':>8}  losses")
     for spec in args.shapes.split(";"):
         shape = tuple(int(v) for v in spec.split(","))
         torch.manual_seed(0)
@@ -75,6 +79,7 @@ def main():
         model.config.state_init = "zero"  # the same forward in every variant, so the losses compare
         x, y = depth_rows(args.batch, args.train_k, args.test_k, model.config.vocab_size)
         xc, yc = x[:, :args.train_k + 1], y[:, :args.train_k + 1]
+        dc = torch.arange(args.train_k + 1).expand_as(xc)  # a label's task depth is its position
         losses = {}
 
         def run(name, fn):
@@ -88,16 +93,20 @@ def main():
         full = run("full", lambda: model(x, y, num_steps=args.r)[1])
         cut = run("cut", lambda: F.cross_entropy(model(xc, num_steps=args.r)[0].flatten(0, 1), yc.flatten(),
                                                  ignore_index=IGNORE_INDEX))
-        head = run("cut+head", lambda: model(xc, yc, num_steps=args.r, labeled_only=True)[1])  # as train.py
+        head = run("cut+head", lambda: model(xc, yc, num_steps=args.r, labeled_only=True)[1])
+        per_loop = dict(num_steps=args.r, depths=dc, depth_weight=1.0, labeled_only=True)
+        loop_all = run("loop/all", lambda: model(xc, yc, **per_loop, return_loop_logits=True).loss)  # every label
+        loop = run("loop", lambda: model(xc, yc, **per_loop)[1])  # as train.py with --step_supervision
         matrices = [p for n, p in model.named_parameters()
                     if p.ndim == 2 and n.startswith(("prelude.", "core.", "coda.", "adapter."))]
         opt = Muon(matrices, lr=1e-9)  # a tiny lr: timing only, the weights barely move
         for p in matrices:
             p.grad = torch.randn_like(p)
-        t = time_it({"full": full, "cut": cut, "cut+head": head, "muon": opt.step}, args.repeat)
-        step = t["cut+head"] + t["muon"]
-        print(f"{spec:>8} {t['full']:>8.2f} {t['cut']:>8.2f} {t['cut+head']:>11.2f} {t['muon']:>8.2f} {step:>8.2f}  "
-              + " ".join(f"{v:.6f}" for v in losses.values()))
+        t = time_it({"full": full, "cut": cut, "cut+head": head, "loop/all": loop_all, "loop": loop, "muon": opt.step},
+                    args.repeat)
+        step = t["loop"] + t["muon"]  # the config's step
+        print(f"{spec:>8} {t['full']:>8.2f} {t['cut']:>8.2f} {t['cut+head']:>11.2f} {t['loop/all']:>11.2f} "
+              f"{t['loop']:>8.2f} {t['muon']:>8.2f} {step:>8.2f}  " + " ".join(f"{v:.6f}" for v in losses.values()))
 
 
 if __name__ == "__main__":
