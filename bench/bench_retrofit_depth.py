@@ -13,8 +13,8 @@ loops with grad, McLeish et al. 2025, arXiv 2511.07384):
             loop at every label (model.forward before it read out only the labels a loop reaches)
   loop      the same, the head after loop i only at the labels of depth <= i (exact: same loss, as train.py)
   muon      one Muon step over the block matrices and the adapter (muon.py)
-with the loss of each variant, which must agree (the two per-loop ones with each other). Random weights in SmolLM2-135M's shapes: the
-timing does not depend on the values.
+with the loss of each variant, which must agree (the two per-loop ones with each other). Random weights
+in SmolLM2-135M's shapes: the timing does not depend on the values.
 
     python bench/bench_retrofit_depth.py                         # (2,2,2), (2,4,2), (4,4,4), B = 32
     python bench/bench_retrofit_depth.py --shapes 2,2,2 --batch 64 --repeat 3
