@@ -281,7 +281,8 @@ def run_depth(args, model):
     for b in range(0, len(ids), args.batch_size):
         x, y = (torch.from_numpy(a[b:b + args.batch_size].astype(np.int64)).to(args.device) for a in (ids, targets))
         tgt, stp = targets[b:b + args.batch_size], steps[b:b + args.batch_size]
-        lab, at = tgt != IGNORE_INDEX, y != IGNORE_INDEX  # (B, T): the positions read out, in numpy and torch
+        lab = tgt != IGNORE_INDEX  # (B, T): the positions read out
+        at = torch.from_numpy(lab).to(x.device)
         out = model(x, y, num_steps=r_max, labeled_only=True, return_states=True)  # s_0 .. s_rmax
         rope = model.rope(torch.arange(x.shape[1], device=x.device))
         for r in args.r:
