@@ -42,6 +42,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
+        if x.dtype == self.weight.dtype == torch.float32:  # the same ops in one call, bitwise (decode speed)
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
@@ -65,14 +67,12 @@ def rope_inv_freq(head_dim, theta, scaling=None):
     return torch.where(medium, smoothed, scaled)
 
 
-def rotate_half(x):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def apply_rope(x, cos, sin):
-    # x: (B, n_head, T, hd); cos, sin: (B or 1, T, hd) -> broadcast over heads
-    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
+    """Llama's x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2 | x1] for the halves x1, x2 of each head.
+    x (B, n_head, T, hd); cos, sin (B or 1, 1, T, hd) from RecurrentGPT.rope, sin with its first half negated,
+    so rotate_half(x) * sin is roll(x, hd/2) * that: the same products, bitwise, in one op instead of a
+    split, a negation and a concatenation (decoding runs this twice a layer for a single position)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 # -----------------------------------------------------------------------------
@@ -113,13 +113,20 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, config.n_kv_head * hd, bias=config.attn_bias)
         self.v_proj = nn.Linear(h, config.n_kv_head * hd, bias=config.attn_bias)
         self.o_proj = nn.Linear(config.n_head * hd, h, bias=False)
+        self.sizes = (config.n_head * hd, config.n_kv_head * hd, config.n_kv_head * hd)
+        # q, k, v packed into one matrix for decoding, set by plumbing/device.py matvec_layout (None until then)
+        self.register_buffer("qkv_weight", None, persistent=False)
+        self.register_buffer("qkv_bias", None, persistent=False)
         if config.qk_norm:
             self.q_norm = RMSNorm(config.n_head * hd, config.norm_eps)
             self.k_norm = RMSNorm(config.n_kv_head * hd, config.norm_eps)
 
     def forward(self, x, rope, mask=None, cache=None, key=None):
         B, T, _ = x.shape
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.qkv_weight is not None and not torch.is_grad_enabled():  # one matmul, not three (inference only)
+            q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(self.sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if hasattr(self, "q_norm"):  # OLMo-2 normalizes the whole projection, before the head split
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
@@ -138,9 +145,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
+        self.register_buffer("gate_up_weight", None, persistent=False)  # packed for decoding, as Attention's qkv
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_weight is not None and not torch.is_grad_enabled():
+            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -295,12 +307,15 @@ class RecurrentGPT(nn.Module):
     # --- the pieces of the forward pass (forward composes them; so does sample.py's CachedForward)
 
     def rope(self, position_ids):
-        """(cos, sin), each (B or 1, T, hd), for integer positions (B, T) or (T,). Same float32 ops as HF."""
+        """(cos, sin), each (B or 1, 1, T, hd) to broadcast over the heads, for integer positions (B, T) or (T,):
+        the same float32 ops as HF, with sin's first half negated for apply_rope."""
         pos = position_ids if position_ids.dim() == 2 else position_ids[None]
         freqs = (self.inv_freq[None, :, None] @ pos[:, None, :].float()).transpose(1, 2)  # (B, T, hd/2)
         emb = torch.cat((freqs, freqs), dim=-1)
+        sin, half = emb.sin(), freqs.shape[-1]
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         dtype = self.embed_tokens.weight.dtype
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return emb.cos()[:, None].to(dtype), sin[:, None].to(dtype)
 
     def run_prelude(self, idx, rope, mask=None, cache=None):
         x = self.embed_tokens(idx)  # (B, T, h)

@@ -74,10 +74,15 @@ def side_by_side(runs, n_new, repeats):
 
 
 def matvecs_only(model):
-    """A run(n) that does only the matrix-vector products of n decode steps at r = 1 (every Linear of the
-    model once, the 49k head included, in the model's own weight layout) and returns no tokens: where
+    """A run(n) that does only the matrix-vector products of n decode steps at r = 1 (every weight matrix the
+    decoder multiplies, once: the packed q/k/v and gate/up of matvec_layout where it packed them, every other
+    Linear, the 49k head included, in the model's own weight layout) and returns no tokens: where
     reading the weights is the cost, the rate no decoder can beat with these kernels."""
-    mats = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    packed = [(m.qkv_weight, (m.q_proj, m.k_proj, m.v_proj)) for m in model.modules() if hasattr(m, "qkv_weight")]
+    packed += [(m.gate_up_weight, (m.gate_proj, m.up_proj)) for m in model.modules() if hasattr(m, "gate_up_weight")]
+    inside = {id(lin) for w, lins in packed if w is not None for lin in lins}  # multiplied as part of a packed one
+    mats = [w for w, _ in packed if w is not None]
+    mats += [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and id(m) not in inside]
     xs = [torch.randn(1, 1, w.shape[1]) for w in mats]
 
     def run(n):

@@ -81,13 +81,44 @@ def compile_blocks(model, backend="inductor"):
 
 
 def matvec_layout(model):
-    """Store every Linear weight (and the tied embedding) transposed in memory, in place: the same values
-    and shapes, strides (1, out). A decode step is matrix-vector work, and PyTorch's CPU kernel for
-    x @ W^T reads W^T row-major about twice as fast on the 49k x 576 head of SmolLM2 (12 vs 25 ms, one
-    thread), a few % to ~8% of a whole r=1 step (bench/bench_sample.py section 1); results agree to fp32
-    rounding. Explicit (sample.py main() calls it on CPU) because it changes the caller's tensors. Returns the model."""
+    """The decode-time weight layout, in place: the same values and shapes, other strides. A decode step is
+    matrix-vector work, bound by reading the weights, and two things make it cheaper on the CPU:
+    - q, k and v of every attention, and gate and up of every MLP, packed into one matrix each (Attention's
+      qkv_weight, MLP's gate_up_weight), so a layer runs 4 matmuls instead of 7: fewer dispatches and longer
+      rows for the kernel. The parameters become views into the packed matrix: one storage, no second copy,
+      and whatever writes the parameters in place writes the packed matrix too. The model uses it only where
+      no gradient is taken (a forward with grad goes through the parameters, so autograd sees them);
+    - a weight with more outputs than inputs (the head, the tied embedding with it, q/k/v, gate/up) stored
+      transposed, strides (1, out): PyTorch's CPU kernel for x @ W^T reads such a W^T row-major up to twice as
+      fast (7.7 vs 14.5 ms on the 49k x 576 head of SmolLM2, one thread). Where the inputs are more (down,
+      the adapter on cat[s, e]) the loaded layout is the faster one (down of SmolLM2: 0.29 vs 0.44 ms), and
+      square ones are a tie: those stay.
+    bench/bench_sample.py section 1 times the decoder with and without it; results agree to fp32 rounding
+    (tests/test_sample.py). Explicit (sample.py main() calls it on CPU, after the model is on its device)
+    because it changes the caller's tensors. Returns the model."""
     with torch.no_grad():
         for mod in model.modules():
-            if isinstance(mod, torch.nn.Linear) and mod.weight.is_contiguous():
-                mod.weight.data = mod.weight.data.t().contiguous().t()  # (out, in), stride (1, out)
+            if hasattr(mod, "qkv_weight") and mod.qkv_weight is None:
+                mod.qkv_weight, mod.qkv_bias = _pack((mod.q_proj, mod.k_proj, mod.v_proj))
+            if hasattr(mod, "gate_up_weight") and mod.gate_up_weight is None:
+                mod.gate_up_weight, _ = _pack((mod.gate_proj, mod.up_proj))
+        for mod in model.modules():
+            w = getattr(mod, "weight", None) if isinstance(mod, torch.nn.Linear) else None
+            if w is not None and w.is_contiguous() and w.shape[0] > w.shape[1]:
+                mod.weight.data = w.data.t().contiguous().t()  # (out, in), stride (1, out)
     return model
+
+
+def _pack(linears):
+    """One (sum of outs, in) weight, stored transposed, and the biases' concatenation (or None), for Linears
+    on the same input; each Linear's parameters become views into them."""
+    weight = torch.cat([lin.weight for lin in linears]).t().contiguous().t()
+    bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
+    start = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight.data = weight[start:start + n]
+        if bias is not None:
+            lin.bias.data = bias[start:start + n]
+        start += n
+    return weight, bias

@@ -69,6 +69,12 @@ class KVCache:
         self.prelude = new(2, c.n_prelude)
         self.core = new(2, c.n_core, n_slots)
         self.coda = new(2, c.n_coda)
+        # (keys, values) of every (part, layer, slot), each (B, n_kv_head, max_len, hd): views made once, so that a
+        # decode step's update (once a layer and loop) indexes nothing but the new positions
+        views = lambda kv, n: [[(kv[0, j, m], kv[1, j, m]) if kv.dim() == 7 else (kv[0, j], kv[1, j])
+                                for m in range(n)] for j in range(kv.shape[1])]
+        self.views = {"prelude": views(self.prelude, 1), "core": views(self.core, n_slots),
+                      "coda": views(self.coda, 1)}
         self.n_run = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
         self.pos = self.end = 0  # the forward pass in progress writes positions [pos, end)
         self.min_run = 0  # min of n_run[:, :end] at start(): below it no position has exited, reads are plain slots
@@ -101,18 +107,18 @@ class KVCache:
         a, b = self.pos, self.end
         if k.shape[2] != b - a:
             raise ValueError(f"cache.start() announced {b - a} new positions, got {k.shape[2]}")
-        if part == "core":
-            slots = self.core[:, layer]  # (2, N, B, nkv, S, hd)
-            kv = slots[:, i % self.n_slots]
+        K, V = self.views[part][layer][i % self.n_slots if part == "core" else 0]  # (B, nkv, S, hd)
+        if rows is None:
+            K.narrow(2, a, b - a).copy_(k)
+            V.narrow(2, a, b - a).copy_(v)
         else:
-            kv = self.prelude[:, layer] if part == "prelude" else self.coda[:, layer]  # (2, B, nkv, S, hd)
-        at = slice(None) if rows is None else rows
-        kv[0, at, :, a:b], kv[1, at, :, a:b] = k, v
+            K[rows, :, a:b], V[rows, :, a:b] = k, v
         if part != "core" or i < self.min_run:  # one slot holds every position's entry (below min_run all ran i)
             if rows is None:
-                return kv[0, :, :, :b], kv[1, :, :, :b]  # views, no copy
+                return K.narrow(2, 0, b), V.narrow(2, 0, b)  # views, no copy
             # index_select copies whole (nkv, b, hd) rows, ~3x faster than the same advanced index on this CPU
-            return kv[0, :, :, :b].index_select(0, rows), kv[1, :, :, :b].index_select(0, rows)
+            return K[:, :, :b].index_select(0, rows), V[:, :, :b].index_select(0, rows)
+        slots = self.core[:, layer]  # (2, N, B, nkv, S, hd)
         if i not in self._rows:  # exited positions read the slot of their last loop
             run = self.n_run[:, :b]
             slot = torch.where(run > i, i % self.n_slots, (run - 1) % self.n_slots)  # (B, b)
@@ -120,7 +126,7 @@ class KVCache:
             row, head = torch.arange(B, device=k.device)[:, None, None], torch.arange(nkv, device=k.device)[:, None]
             # the entry (slot, row, head, p) of the contiguous (N, B, nkv, L, hd) block, as a row of its (-1, hd) view
             self._rows[i] = ((slot[:, None] * B + row) * nkv + head) * L + torch.arange(b, device=k.device)
-        idx = self._rows[i][at]  # (n, nkv, b)
+        idx = self._rows[i] if rows is None else self._rows[i][rows]  # (n, nkv, b)
         # one index_select of hd-float rows per k and v: a copy at memcpy speed, far faster than advanced indexing
         take = lambda t: t.reshape(-1, t.shape[-1]).index_select(0, idx.reshape(-1)).view(*idx.shape, -1)
         return take(slots[0]), take(slots[1])
