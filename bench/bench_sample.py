@@ -78,10 +78,12 @@ def matvecs_only(model):
     decoder multiplies, once: the packed q/k/v and gate/up of matvec_layout where it packed them, every other
     Linear, the 49k head included, in the model's own weight layout) and returns no tokens: where
     reading the weights is the cost, the rate no decoder can beat with these kernels."""
-    packed = [(m.qkv_weight, (m.q_proj, m.k_proj, m.v_proj)) for m in model.modules() if hasattr(m, "qkv_weight")]
-    packed += [(m.gate_up_weight, (m.gate_proj, m.up_proj)) for m in model.modules() if hasattr(m, "gate_up_weight")]
-    inside = {id(lin) for w, lins in packed if w is not None for lin in lins}  # multiplied as part of a packed one
-    mats = [w for w, _ in packed if w is not None]
+    mats, inside = [], set()  # inside: the Linears multiplied as part of a packed matrix
+    for m in model.modules():
+        for name, parts in (("qkv_weight", ("q_proj", "k_proj", "v_proj")), ("gate_up_weight", ("gate_proj", "up_proj"))):
+            if getattr(m, name, None) is not None:
+                mats.append(getattr(m, name))
+                inside.update(id(getattr(m, p)) for p in parts)
     mats += [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and id(m) not in inside]
     xs = [torch.randn(1, 1, w.shape[1]) for w in mats]
 

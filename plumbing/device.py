@@ -103,9 +103,8 @@ def matvec_layout(model):
             if hasattr(mod, "gate_up_weight") and mod.gate_up_weight is None:
                 mod.gate_up_weight, _ = _pack((mod.gate_proj, mod.up_proj))
         for mod in model.modules():
-            w = getattr(mod, "weight", None) if isinstance(mod, torch.nn.Linear) else None
-            if w is not None and w.is_contiguous() and w.shape[0] > w.shape[1]:
-                mod.weight.data = w.data.t().contiguous().t()  # (out, in), stride (1, out)
+            if isinstance(mod, torch.nn.Linear) and mod.weight.is_contiguous() and mod.out_features > mod.in_features:
+                mod.weight.data = mod.weight.data.t().contiguous().t()  # (out, in), stride (1, out)
     return model
 
 

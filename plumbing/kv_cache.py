@@ -71,10 +71,9 @@ class KVCache:
         self.coda = new(2, c.n_coda)
         # (keys, values) of every (part, layer, slot), each (B, n_kv_head, max_len, hd): views made once, so that a
         # decode step's update (once a layer and loop) indexes nothing but the new positions
-        views = lambda kv, n: [[(kv[0, j, m], kv[1, j, m]) if kv.dim() == 7 else (kv[0, j], kv[1, j])
-                                for m in range(n)] for j in range(kv.shape[1])]
-        self.views = {"prelude": views(self.prelude, 1), "core": views(self.core, n_slots),
-                      "coda": views(self.coda, 1)}
+        views = lambda kv: [[(kv[0, j, m], kv[1, j, m]) for m in range(kv.shape[2])] for j in range(kv.shape[1])]
+        self.views = {"prelude": views(self.prelude[:, :, None]), "core": views(self.core),
+                      "coda": views(self.coda[:, :, None])}  # prelude and coda: one slot
         self.n_run = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
         self.pos = self.end = 0  # the forward pass in progress writes positions [pos, end)
         self.min_run = 0  # min of n_run[:, :end] at start(): below it no position has exited, reads are plain slots
