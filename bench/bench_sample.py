@@ -3,8 +3,9 @@ Benchmarks of sample.py's inference features (Geiping et al. 2025, arXiv 2502.05
 offline SmolLM2-135M-Instruct and, when given, a depth-task model trained by train.py:
 
 1. decode tokens/s with our KV cache vs transformers' generate on the same weights at r=1
-   (load_model keeps all 30 layers with the identity adapter, so r=1 is the parent itself), with and
-   without sample.matvec_layout, timed in turn (wall and CPU time) so that load from other jobs hits all,
+   (load_model keeps all 30 layers with the identity adapter, so r=1 is the parent itself): with
+   sample.matvec_layout (what sample.py runs), with that layout but torch's products instead of numpy's BLAS,
+   and with the parameters as loaded, timed in turn (wall and CPU time) so that load from other jobs hits all,
    beside the same weights' matrix-vector products alone (the ceiling of any decoder on these kernels);
 2. per-token decode cost as r grows on a (4,6,4) retrofit: P + r R + C layers, so it should be linear;
 3. adaptive exit vs fixed r on the S3 depth task: accuracy and mean loops per token (--depth_ckpt);
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from plumbing.device import Matvec  # noqa: E402
 from plumbing.kv_cache import KVCache  # noqa: E402
 from sample import EXIT_THRESHOLDS, CachedForward, ExitRule, generate, matvec_layout  # noqa: E402
 
@@ -54,15 +56,18 @@ def decode_rate(run, n_new, repeats):
     return (n_new - 1) / best, out
 
 
-def side_by_side(runs, n_new, repeats):
-    """Decode tokens/s of each run, timed in turn within every repeat (so a load spike from other jobs
-    hits all of them), as (n_new - 1) / (t(n_new) - t(1)) with prefill cancelled. Two clocks: wall, and
-    process CPU time, which leaves out the time other jobs take the core (not their memory traffic).
-    Returns {name: (median wall rate, median CPU rate, spread of the CPU rates (max/min), tokens)}."""
+def side_by_side(runs, n_new, repeats, ref):
+    """Decode tokens/s of each run, timed in turn within every repeat (so a load spike from other jobs hits all of
+    them; the order rotates from repeat to repeat, so none is always first after another), as
+    (n_new - 1) / (t(n_new) - t(1)) with prefill cancelled. Two clocks: wall, and process CPU time, which leaves out
+    the time other jobs take the core (not their memory traffic). Each repeat gives each run's CPU rate over that
+    of `ref` in the same repeat. Returns {name: (median wall rate, median CPU rate, median, min and max of the
+    per-repeat CPU ratios to ref, tokens)}."""
     times = {k: ([], []) for k in runs}
-    out = {}
-    for _ in range(repeats):
-        for name, run in runs.items():
+    out, names = {}, list(runs)
+    for i in range(repeats):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            run = runs[name]
             w0, c0 = time.perf_counter(), time.process_time()
             run(1)
             w1, c1 = time.perf_counter(), time.process_time()
@@ -70,30 +75,44 @@ def side_by_side(runs, n_new, repeats):
             w2, c2 = time.perf_counter(), time.process_time()
             times[name][0].append((n_new - 1) / ((w2 - w1) - (w1 - w0)))
             times[name][1].append((n_new - 1) / ((c2 - c1) - (c1 - c0)))
-    return {k: (float(np.median(w)), float(np.median(c)), max(c) / min(c), out[k]) for k, (w, c) in times.items()}
+    res = {}
+    for k, (w, c) in times.items():
+        ratios = [a / b for a, b in zip(c, times[ref][1])]
+        res[k] = (float(np.median(w)), float(np.median(c)), float(np.median(ratios)), min(ratios), max(ratios), out[k])
+    return res
 
 
 def matvecs_only(model):
     """A run(n) that does only the matrix-vector products of n decode steps at r = 1 (every weight matrix the
-    decoder multiplies, once: the packed q/k/v and gate/up of matvec_layout where it packed them, every other
-    Linear, the 49k head included, in the model's own weight layout) and returns no tokens: where
-    reading the weights is the cost, the rate no decoder can beat with these kernels."""
-    mats, inside = [], set()  # inside: the Linears multiplied as part of a packed matrix
+    decoder multiplies, once, as the decoder multiplies it: the packed q/k/v and gate/up of matvec_layout, every
+    other Linear, the 49k head included, each through its Matvec) and returns no tokens: where reading the weights
+    is the cost, the rate no decoder can beat with these kernels."""
+    prods, inside = [], set()  # (product, its weight); inside: the Linears multiplied as part of a packed matrix
     for m in model.modules():
-        for name, parts in (("qkv_weight", ("q_proj", "k_proj", "v_proj")), ("gate_up_weight", ("gate_proj", "up_proj"))):
+        for name, parts in (("qkv", ("q_proj", "k_proj", "v_proj")), ("gate_up", ("gate_proj", "up_proj"))):
             if getattr(m, name, None) is not None:
-                mats.append(getattr(m, name))
+                prods.append((getattr(m, name), getattr(m, name).weight))
                 inside.update(id(getattr(m, p)) for p in parts)
-    mats += [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and id(m) not in inside]
-    xs = [torch.randn(1, 1, w.shape[1]) for w in mats]
+    prods += [(m, m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear) and id(m) not in inside]
+    xs = [torch.randn(1, 1, w.shape[1]) for _, w in prods]
 
     def run(n):
         with torch.inference_mode():
             for _ in range(n):
-                for w, x in zip(mats, xs):
-                    torch.nn.functional.linear(x, w)
+                for (prod, _), x in zip(prods, xs):
+                    prod(x)
         return []
     return run
+
+
+def torch_products(model):
+    """A model in matvec_layout whose one-row products go to F.linear (torch's MKL) instead of numpy's BLAS: the
+    layout's packing and strides alone. Returns the model."""
+    for m in model.modules():
+        for prod in (getattr(m, "qkv", None), getattr(m, "gate_up", None), m.forward):
+            if isinstance(prod, Matvec):
+                prod.wt = None
+    return model
 
 
 def section_hf(args, tok, ids):
@@ -108,6 +127,7 @@ def section_hf(args, tok, ids):
         return
     plain, _ = load_model(gguf, state_init="zero")
     fast = matvec_layout(load_model(gguf, state_init="zero")[0])  # what sample.py runs on CPU
+    mkl = torch_products(matvec_layout(load_model(gguf, state_init="zero")[0]))
     hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf),
                                               dtype=torch.float32).eval()
     x = torch.tensor([ids])
@@ -121,19 +141,20 @@ def section_hf(args, tok, ids):
                             do_sample=False, pad_token_id=tok.eos_id)
         return y[0, len(ids):].tolist()
 
-    runs = {"ours, transposed weights (sample.py)": ours(fast), "ours, parameters as loaded": ours(plain),
-            "transformers generate": run_hf, "matrix-vector products alone": matvecs_only(fast)}
+    runs = {"ours, decode layout (sample.py)": ours(fast), "ours, the layout with torch's products": ours(mkl),
+            "ours, parameters as loaded": ours(plain), "transformers generate": run_hf,
+            "matrix-vector products alone": matvecs_only(fast)}
     for run in runs.values():
         run(2)  # warm up
-    res = side_by_side(runs, args.n_new, args.repeats)
-    hf_wall, hf_cpu, _, hf_toks = res["transformers generate"]
+    res = side_by_side(runs, args.n_new, args.repeats, ref="transformers generate")
+    hf_toks = res["transformers generate"][-1]
     log(f"1. decode at r=1, SmolLM2-135M (30 layers), prompt {len(ids)} tokens, {args.n_new} new tokens, greedy, "
-        f"{torch.get_num_threads()} thread(s); medians of {args.repeats} interleaved repeats")
-    log("   decoder                                wall tok/s   CPU tok/s   CPU spread   vs hf (CPU)   tokens = hf")
-    for name, (wall, cpu, spread, toks) in res.items():
+        f"{torch.get_num_threads()} thread(s); {args.repeats} repeats, the decoders in turn in each")
+    log("   decoder                                wall tok/s   CPU tok/s   vs hf (CPU, per repeat: median, range)   tokens = hf")
+    for name, (wall, cpu, ratio, lo, hi, toks) in res.items():
         agree = next((i for i, (a, b) in enumerate(zip(toks, hf_toks)) if a != b), len(toks))
         same = f"{agree}/{len(toks)}" if toks else "-"
-        log(f"   {name:38s} {wall:10.1f}   {cpu:9.1f}   {spread:9.2f}x   {cpu / hf_cpu:10.2f}x   {same}")
+        log(f"   {name:38s} {wall:10.1f}   {cpu:9.1f}   {ratio:10.2f}x ({lo:.2f}-{hi:.2f}x){'':16s} {same}")
     log("   (goal >= 1.5x; CPU time leaves out the core time other jobs take, wall time does not; the last row is\n"
         "   the ceiling of any decoder on these kernels: one token's weight matrices times a vector, nothing else)")
     log()

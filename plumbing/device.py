@@ -18,6 +18,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 
 AUTOCAST = ("auto", "bf16", "off")  # the --autocast choices of train.py, sample.py and eval_math.py
@@ -80,31 +81,59 @@ def compile_blocks(model, backend="inductor"):
     return model
 
 
+class Matvec:
+    """x W^T + b for decoding on the CPU. One row at a time (a decode step at batch 1) is a matrix-vector product,
+    bound by reading W, and numpy's BLAS (OpenBLAS) reads it faster than torch's MKL does on this AMD CPU:
+    1.2x a whole SmolLM2 decode step, measured step by step in turn (bench/bench_sample.py). Every other call (more
+    rows, a gradient, autocast, a compiled graph, another dtype) goes to F.linear. The numpy array is a view of W's
+    own memory: no copy, and in-place writes to W reach it. Plain Python, not a module: nothing in the state dict."""
+
+    def __init__(self, weight, bias=None):
+        self.weight, self.bias = weight, bias
+        self.wt = weight.detach().t().numpy() if weight.dtype == torch.float32 and weight.device.type == "cpu" else None
+
+    def __call__(self, x):
+        if (self.wt is not None and x.numel() == x.shape[-1] and x.dtype == torch.float32 and not x.requires_grad
+                and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+                and not torch.compiler.is_compiling()):
+            y = torch.from_numpy(x.reshape(-1).numpy() @ self.wt)  # (out,)
+            if self.bias is not None:
+                y += self.bias
+            return y.view(*x.shape[:-1], -1)
+        return F.linear(x, self.weight, self.bias)
+
+
 def matvec_layout(model):
-    """The decode-time weight layout, in place: the same values and shapes, other strides. A decode step is
-    matrix-vector work, bound by reading the weights, and two things make it cheaper on the CPU:
-    - q, k and v of every attention, and gate and up of every MLP, packed into one matrix each (Attention's
-      qkv_weight, MLP's gate_up_weight), so a layer runs 4 matmuls instead of 7: fewer dispatches and longer
-      rows for the kernel. The parameters become views into the packed matrix: one storage, no second copy,
-      and whatever writes the parameters in place writes the packed matrix too. The model uses it only where
-      no gradient is taken (a forward with grad goes through the parameters, so autograd sees them);
-    - a weight with more outputs than inputs (the head, the tied embedding with it, q/k/v, gate/up) stored
-      transposed, strides (1, out): PyTorch's CPU kernel for x @ W^T reads such a W^T row-major up to twice as
-      fast (7.7 vs 14.5 ms on the 49k x 576 head of SmolLM2, one thread). Where the inputs are more (down,
-      the adapter on cat[s, e]) the loaded layout is the faster one (down of SmolLM2: 0.29 vs 0.44 ms), and
-      square ones are a tie: those stay.
+    """The decode-time weight layout on the CPU, in place: the same values and shapes, other strides, and the products
+    of one row through numpy's BLAS (Matvec). A decode step is matrix-vector work, bound by reading the weights:
+    - q, k and v of every attention, and gate and up of every MLP, packed into one matrix each (Attention.qkv,
+      MLP.gate_up), so a layer runs 4 matmuls instead of 7: fewer dispatches and longer rows for the kernel. The
+      parameters become views into the packed matrix: one storage, no second copy, and whatever writes the
+      parameters in place writes the packed matrix too. The model uses it only where no gradient is taken (a
+      forward with grad goes through the parameters, so autograd sees them);
+    - every weight stored transposed, strides (1, out): OpenBLAS's matrix-vector product reads W^T row-major
+      6-18% faster than the loaded layout on these shapes (one thread, 30 cold matrices each);
+    - every Linear's forward, and the packed matrices, a Matvec; numpy's BLAS limited to torch's thread count, so
+      that a decode step uses no more threads than the rest of the model (threadpoolctl).
     bench/bench_sample.py section 1 times the decoder with and without it; results agree to fp32 rounding
-    (tests/test_sample.py). Explicit (sample.py main() calls it on CPU, after the model is on its device)
-    because it changes the caller's tensors. Returns the model."""
+    (tests/test_sample.py). Explicit, and the last step before decoding (sample.py main() calls it on the CPU): it
+    changes the caller's tensors, and the numpy views stay on the memory they were made on (no .to() after it).
+    Returns the model."""
+    from threadpoolctl import threadpool_limits  # here: only a CPU decode needs it
+
+    threadpool_limits(torch.get_num_threads(), user_api="blas")
     with torch.no_grad():
         for mod in model.modules():
-            if hasattr(mod, "qkv_weight") and mod.qkv_weight is None:
-                mod.qkv_weight, mod.qkv_bias = _pack((mod.q_proj, mod.k_proj, mod.v_proj))
-            if hasattr(mod, "gate_up_weight") and mod.gate_up_weight is None:
-                mod.gate_up_weight, _ = _pack((mod.gate_proj, mod.up_proj))
-        for mod in model.modules():
-            if isinstance(mod, torch.nn.Linear) and mod.weight.is_contiguous() and mod.out_features > mod.in_features:
+            if isinstance(mod, torch.nn.Linear) and mod.weight.is_contiguous():
                 mod.weight.data = mod.weight.data.t().contiguous().t()  # (out, in), stride (1, out)
+        for mod in model.modules():
+            if hasattr(mod, "qkv") and mod.qkv is None and not mod.qk_norm:  # OLMo-2 norms q and k before RoPE
+                mod.qkv = Matvec(*_pack((mod.q_proj, mod.k_proj, mod.v_proj)))
+            if hasattr(mod, "gate_up") and mod.gate_up is None:
+                mod.gate_up = Matvec(*_pack((mod.gate_proj, mod.up_proj)))
+        for mod in model.modules():  # after packing: a Matvec views the memory its weight has now
+            if isinstance(mod, torch.nn.Linear):
+                mod.forward = Matvec(mod.weight, mod.bias)  # an instance attribute: nn.Module calls self.forward
     return model
 
 
