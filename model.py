@@ -17,10 +17,8 @@ layer-dropped parent. More loops at test time spend more compute per token.
     python surgery.py --init=smollm2 --shape 6,8,6 --out out/smollm2   # builds one from a real parent
 """
 
-import json
 import math
-import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -472,20 +470,11 @@ class RecurrentGPT(nn.Module):
         return {k: v.detach().contiguous() for k, v in sd.items()}
 
     def save_pretrained(self, out_dir, extra_config=None):
-        """Write out_dir/model.safetensors and out_dir/config.json, each via temp file + rename, so a crash
-        leaves either the old file or the new one, never half of one; and the project's own modeling file
-        with config.json's auto_map, so transformers loads the directory too:
+        """Write out_dir in the format every script reads (plumbing/pretrained.py), which transformers loads too:
         AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=True)."""
-        from safetensors.torch import save_file
+        from plumbing.pretrained import save  # here: plumbing imports model
 
-        from plumbing.hf_remote import write_remote_code
-
-        extra_config = {**write_remote_code(out_dir), **(extra_config or {})}  # makes out_dir too
-        path = os.path.join(out_dir, "model.safetensors")
-        save_file(self.state_dict_to_save(), path + ".tmp", metadata={"format": "pt"})
-        os.replace(path + ".tmp", path)
-        cfg = {"model_type": "nanorecur", **asdict(self.config), **extra_config}
-        write_json_atomic(os.path.join(out_dir, "config.json"), cfg)
+        save(self, out_dir, extra_config)
 
     @classmethod
     def from_state_dict(cls, config, sd, device="cpu"):
@@ -513,51 +502,9 @@ class RecurrentGPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, device="cpu", **overrides):
-        """Load a directory written by surgery.py or train.py. Keyword overrides replace config fields,
-        e.g. state_init="zero". Other formats (raven checkpoints, parents) load with surgery.load_model."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
+        """Load a directory written by surgery.py or train.py (plumbing/pretrained.py). Keyword overrides replace
+        config fields, e.g. state_init="zero". Other formats (raven checkpoints, parents) load with
+        surgery.load_model."""
+        from plumbing.pretrained import load
 
-        cfg_path = os.path.join(path, "config.json")
-        if not os.path.isfile(cfg_path):
-            raise FileNotFoundError(f"{path} has no config.json: pass a directory written by surgery.py or train.py")
-        with open(cfg_path) as f:
-            cfg = json.load(f)
-        if cfg.get("model_type") != "nanorecur":
-            raise ValueError(f"{path} is a {cfg.get('model_type')!r} checkpoint, not one of ours: load it with "
-                             "surgery.load_model (every script's --init does)")
-        config = config_from_dict(cfg, **overrides)
-        try:
-            sd = load_file(os.path.join(path, "model.safetensors"))
-        except (FileNotFoundError, SafetensorError, OSError) as err:
-            raise ValueError(f"cannot read {path}/model.safetensors ({err}): rerun surgery.py or restore it") from None
-        try:
-            return cls.from_state_dict(config, sd, device)
-        except ValueError as err:
-            raise ValueError(f"{path}/model.safetensors: {err}") from None
-
-
-# config.json keys that are not model fields: ours ("train": the run) and those transformers reads or writes
-HF_KEYS = ("model_type", "train", "auto_map", "architectures", "transformers_version", "dtype", "torch_dtype")
-
-
-def config_from_dict(cfg, **overrides):
-    """RecurrentConfig from a config.json dict; keys that are not config fields are an error, except two
-    that older saves carry at the values that made them no-ops (state_scale = embed_scale, no iter_norm)."""
-    names = {f.name for f in fields(RecurrentConfig)}
-    cfg = {k: v for k, v in {**cfg, **overrides}.items() if k not in HF_KEYS}
-    if cfg.get("iter_norm") is False:
-        del cfg["iter_norm"]
-    if "state_scale" in cfg and math.isclose(cfg["state_scale"], cfg.get("embed_scale", 1.0)):
-        del cfg["state_scale"]
-    unknown = sorted(set(cfg) - names)
-    if unknown:
-        raise ValueError(f"unknown config keys {unknown}: this config.json was not written by nanorecur")
-    return RecurrentConfig(**cfg)
-
-
-def write_json_atomic(path, obj):
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
+        return load(path, device, **overrides)

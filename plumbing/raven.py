@@ -41,7 +41,8 @@ import torch
 
 from families import FAMILIES, RAVEN_EXPORT, RAVEN_VARIANTS
 from plumbing.hf_remote import write_remote_code, written_by_nanorecur
-from model import RecurrentConfig, RecurrentGPT, write_json_atomic
+from model import RecurrentConfig, RecurrentGPT
+from plumbing.pretrained import write_json_atomic
 from plumbing.tokenizer import TOKENIZER_FILES
 
 
