@@ -55,9 +55,7 @@ DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shard 
 
 
 def check_flags(args):
-    """One-line ValueErrors for --fsdp where it cannot run, before anything loads."""
-    if not args.fsdp:
-        return
+    """One-line ValueErrors for --fsdp where it cannot run, before anything loads (train.py calls it under --fsdp)."""
     if int(os.environ.get("RANK", -1)) == -1:
         raise ValueError("--fsdp shards the model over the processes torchrun starts: run torchrun --standalone "
                          "--nproc_per_node=N train.py --fsdp ... (N = 1 works too)")
