@@ -93,9 +93,10 @@ class Matvec:
         self.wt = weight.detach().t().numpy() if weight.dtype == torch.float32 and weight.device.type == "cpu" else None
 
     def __call__(self, x):
-        if (self.wt is not None and x.numel() == x.shape[-1] and x.dtype == torch.float32 and not x.requires_grad
-                and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
-                and not torch.compiler.is_compiling()):
+        # is_compiling first: traced by torch.compile, the size test would guard on a symbolic shape
+        if (not torch.compiler.is_compiling() and self.wt is not None and x.numel() == x.shape[-1]
+                and x.dtype == torch.float32 and not x.requires_grad and not torch.is_grad_enabled()
+                and not torch.is_autocast_enabled("cpu")):
             y = torch.from_numpy(x.reshape(-1).numpy() @ self.wt)  # (out,)
             if self.bias is not None:
                 y += self.bias
