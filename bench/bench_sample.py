@@ -56,13 +56,14 @@ def decode_rate(run, n_new, repeats):
     return (n_new - 1) / best, out
 
 
-def side_by_side(runs, n_new, repeats, ref):
+def side_by_side(runs, n_new, repeats, ref, clock=1):
     """Decode tokens/s of each run, timed in turn within every repeat (so a load spike from other jobs hits all of
     them; the order rotates from repeat to repeat, so none is always first after another), as
-    (n_new - 1) / (t(n_new) - t(1)) with prefill cancelled. Two clocks: wall, and process CPU time, which leaves out
-    the time other jobs take the core (not their memory traffic). Each repeat gives each run's CPU rate over that
-    of `ref` in the same repeat. Returns {name: (median wall rate, median CPU rate, median, min and max of the
-    per-repeat CPU ratios to ref, tokens)}."""
+    (n_new - 1) / (t(n_new) - t(1)) with prefill cancelled. Two clocks: wall (0), and process CPU time (1), which
+    leaves out the time other jobs take the core (not their memory traffic) but, on more than one thread, counts
+    the time idle OpenMP workers spin. Each repeat gives each run's rate on `clock` over that of `ref` in the same
+    repeat. Returns {name: (median wall rate, median CPU rate, median, min and max of the per-repeat ratios to
+    ref, tokens)}."""
     times = {k: ([], []) for k in runs}
     out, names = {}, list(runs)
     for i in range(repeats):
@@ -77,7 +78,7 @@ def side_by_side(runs, n_new, repeats, ref):
             times[name][1].append((n_new - 1) / ((c2 - c1) - (c1 - c0)))
     res = {}
     for k, (w, c) in times.items():
-        ratios = [a / b for a, b in zip(c, times[ref][1])]
+        ratios = [a / b for a, b in zip((w, c)[clock], times[ref][clock])]
         res[k] = (float(np.median(w)), float(np.median(c)), float(np.median(ratios)), min(ratios), max(ratios), out[k])
     return res
 
@@ -146,11 +147,13 @@ def section_hf(args, tok, ids):
             "matrix-vector products alone": matvecs_only(fast)}
     for run in runs.values():
         run(2)  # warm up
-    res = side_by_side(runs, args.n_new, args.repeats, ref="transformers generate")
+    clock = 1 if torch.get_num_threads() == 1 else 0  # CPU time on one thread; on more, it counts spinning workers
+    res = side_by_side(runs, args.n_new, args.repeats, ref="transformers generate", clock=clock)
     hf_toks = res["transformers generate"][-1]
     log(f"1. decode at r=1, SmolLM2-135M (30 layers), prompt {len(ids)} tokens, {args.n_new} new tokens, greedy, "
         f"{torch.get_num_threads()} thread(s); {args.repeats} repeats, the decoders in turn in each")
-    log("   decoder                                wall tok/s   CPU tok/s   vs hf (CPU, per repeat: median, range)   tokens = hf")
+    log(f"   decoder                                wall tok/s   CPU tok/s   vs hf ({('wall', 'CPU')[clock]}, per repeat: "
+        "median, range)  tokens = hf")
     for name, (wall, cpu, ratio, lo, hi, toks) in res.items():
         agree = next((i for i, (a, b) in enumerate(zip(toks, hf_toks)) if a != b), len(toks))
         same = f"{agree}/{len(toks)}" if toks else "-"

@@ -114,15 +114,16 @@ def matvec_layout(model):
       forward with grad goes through the parameters, so autograd sees them);
     - every weight stored transposed, strides (1, out): OpenBLAS's matrix-vector product reads W^T row-major
       6-18% faster than the loaded layout on these shapes (one thread, 30 cold matrices each);
-    - every Linear's forward, and the packed matrices, a Matvec; numpy's BLAS limited to torch's thread count, so
-      that a decode step uses no more threads than the rest of the model (threadpoolctl).
+    - every Linear's forward, and the packed matrices, a Matvec, with numpy's BLAS on one thread (threadpoolctl):
+      torch's OpenMP workers spin between ops, and OpenBLAS's own threads beside them fought over the cores
+      (2 threads each: a decode step ~10x slower, bench/bench_sample.py --threads 2).
     bench/bench_sample.py section 1 times the decoder with and without it; results agree to fp32 rounding
     (tests/test_sample.py). Explicit, and the last step before decoding (sample.py main() calls it on the CPU): it
     changes the caller's tensors, and the numpy views stay on the memory they were made on (no .to() after it).
     Returns the model."""
     from threadpoolctl import threadpool_limits  # here: only a CPU decode needs it
 
-    threadpool_limits(torch.get_num_threads(), user_api="blas")
+    threadpool_limits(1, user_api="blas")
     with torch.no_grad():
         for mod in model.modules():
             if isinstance(mod, torch.nn.Linear) and mod.weight.is_contiguous():
