@@ -152,8 +152,8 @@ def section_hf(args, tok, ids):
     hf_toks = res["transformers generate"][-1]
     log(f"1. decode at r=1, SmolLM2-135M (30 layers), prompt {len(ids)} tokens, {args.n_new} new tokens, greedy, "
         f"{torch.get_num_threads()} thread(s); {args.repeats} repeats, the decoders in turn in each")
-    log(f"   decoder                                wall tok/s   CPU tok/s   vs hf ({('wall', 'CPU')[clock]}, per repeat: "
-        "median, range)  tokens = hf")
+    log(f"   decoder                                wall tok/s   CPU tok/s   vs hf ({('wall', 'CPU')[clock]}, per "
+        "repeat: median, range)  tokens = hf")
     for name, (wall, cpu, ratio, lo, hi, toks) in res.items():
         agree = next((i for i, (a, b) in enumerate(zip(toks, hf_toks)) if a != b), len(toks))
         same = f"{agree}/{len(toks)}" if toks else "-"

@@ -83,10 +83,11 @@ def compile_blocks(model, backend="inductor"):
 
 class Matvec:
     """x W^T + b for decoding on the CPU. One row at a time (a decode step at batch 1) is a matrix-vector product,
-    bound by reading W, and numpy's BLAS (OpenBLAS) reads it faster than torch's MKL does on this AMD CPU:
-    1.2x a whole SmolLM2 decode step, measured step by step in turn (bench/bench_sample.py). Every other call (more
-    rows, a gradient, autocast, a compiled graph, another dtype) goes to F.linear. The numpy array is a view of W's
-    own memory: no copy, and in-place writes to W reach it. Plain Python, not a module: nothing in the state dict."""
+    bound by reading W, and numpy's BLAS (OpenBLAS) reads it faster than torch's MKL does on this AMD CPU: a whole
+    SmolLM2 decode 1.20-1.26x faster (bench/bench_sample.py section 1, the row with torch's products). Every other
+    call (more rows, a gradient, autocast, a compiled graph, another dtype) goes to F.linear. The numpy array is a
+    view of W's own memory: no copy, and in-place writes to W reach it. Plain Python, not a module: nothing in the
+    state dict."""
 
     def __init__(self, weight, bias=None):
         self.weight, self.bias = weight, bias
@@ -113,7 +114,7 @@ def matvec_layout(model):
       parameters in place writes the packed matrix too. The model uses it only where no gradient is taken (a
       forward with grad goes through the parameters, so autograd sees them);
     - every weight stored transposed, strides (1, out): OpenBLAS's matrix-vector product reads W^T row-major
-      6-18% faster than the loaded layout on these shapes (one thread, 30 cold matrices each);
+      faster than the loaded layout on every shape of SmolLM2 (one thread, 30 cold matrices each);
     - every Linear's forward, and the packed matrices, a Matvec, with numpy's BLAS on one thread (threadpoolctl):
       torch's OpenMP workers spin between ops, and OpenBLAS's own threads beside them fought over the cores
       (2 threads each: a decode step ~10x slower, bench/bench_sample.py --threads 2).
