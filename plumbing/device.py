@@ -127,15 +127,14 @@ def matvec_layout(model):
     threadpool_limits(1, user_api="blas")
     with torch.no_grad():
         for mod in model.modules():
-            if isinstance(mod, torch.nn.Linear) and mod.weight.is_contiguous():
-                mod.weight.data = mod.weight.data.t().contiguous().t()  # (out, in), stride (1, out)
-        for mod in model.modules():
             if hasattr(mod, "qkv") and mod.qkv is None and not mod.qk_norm:  # OLMo-2 norms q and k before RoPE
                 mod.qkv = Matvec(*_pack((mod.q_proj, mod.k_proj, mod.v_proj)))
             if hasattr(mod, "gate_up") and mod.gate_up is None:
                 mod.gate_up = Matvec(*_pack((mod.gate_proj, mod.up_proj)))
-        for mod in model.modules():  # after packing: a Matvec views the memory its weight has now
+        for mod in model.modules():  # after packing: packed views are transposed already, a Matvec views them
             if isinstance(mod, torch.nn.Linear):
+                if mod.weight.is_contiguous():  # a tied weight is seen twice: transposed once
+                    mod.weight.data = mod.weight.data.t().contiguous().t()  # (out, in), stride (1, out)
                 mod.forward = Matvec(mod.weight, mod.bias)  # an instance attribute: nn.Module calls self.forward
     return model
 
