@@ -142,6 +142,7 @@ def twins(autocast, **over):
 
 def worker(rank, world, port, out):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.barrier()  # creating the group is no sync point: no rank works (or leaves) before the other is connected
     torch.manual_seed(0)
     args = train.parse_args(["--init=scratch", "--learning_rate=0.02", "--adam_lr=3e-3"])
     res = {}
@@ -170,6 +171,7 @@ def worker(rank, world, port, out):
                           for p, q in zip(model.parameters(), ref.parameters()))
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)
+    dist.barrier()  # neither rank tears gloo down while the other may still be in a collective (a CI run aborted)
     dist.destroy_process_group()
 
 
