@@ -25,6 +25,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -182,7 +183,14 @@ def free_port():
 
 
 def test_memory_per_rank_and_bf16_path(tmp_path):
-    mp.spawn(worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    try:
+        mp.spawn(worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    except mp.ProcessExitedException as err:
+        # gloo may abort a process as it tears down (once in CI: SIGABRT, "terminate called without an active
+        # exception"); the results are written before that, and a rank that died before writing fails here
+        if not all((tmp_path / f"rank{r}.json").exists() for r in range(2)):
+            raise
+        warnings.warn(f"a worker died after writing its results: {err}")
     ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
     # AdamW's per-parameter step counters (one fp32 scalar each) are the one state every rank keeps whole:
     # the embedding, the final norm, 2 norms a block
