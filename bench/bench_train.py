@@ -8,8 +8,9 @@ MLP 1536, vocab 49152, tied head):
   2. peak memory of a step at r=32 vs r=8 with backprop depth k=8 (goal <= 1.15x: the no_grad prefix
      keeps no activations);
   3. step time with a no_grad prefix (r = 16, 32 at k = 8) vs the (6 N1 + 2 N2) prediction;
-  4. Muon step time (muon.py, batched fp32 Newton-Schulz) vs torch.optim.Muon on the same matrices
-     (goal <= 0.6x on CPU).
+  4. Muon step time (muon.py, batched fp32 Newton-Schulz as train.py runs it on CPU, and the same in
+     bf16) vs torch.optim.Muon (bf16) on the same matrices (goal <= 0.6x on CPU; a CPU with bf16 dot
+     products, where bf16 multiplies faster than fp32, does not reach it: README, Speed and memory).
 
     python bench/bench_train.py                  # all four, ~5 min on 2 cores
     python bench/bench_train.py --only muon      # one of: peak, memory, prefix, muon
@@ -48,8 +49,8 @@ def best_time(fn, repeat):
     return min(times)
 
 
-def matmul_peak(n=2048, repeat=5):
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_peak(n=2048, repeat=5, dtype=torch.float32):
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     return 2 * n**3 / best_time(lambda: a @ b, repeat)
 
 
@@ -91,7 +92,9 @@ def bench_peak(args):
         peaks.append(matmul_peak(repeat=3))
         times.append(_time(step))
     peak, t = max(peaks), min(times)
-    return {"matmul_peak_gflops": peak / 1e9, "step_s": t, "tokens_per_s": B * T / t,
+    # bf16's peak, for comparison only: a CPU with bf16 dot products (avx512_bf16, AMX) multiplies bf16 several
+    # times faster than fp32, one without them slower; that decides Muon's race against torch's (bf16) below
+    return {"matmul_peak_gflops": peak / 1e9, "bf16_matmul_peak_gflops": matmul_peak(dtype=torch.bfloat16) / 1e9, "step_s": t, "tokens_per_s": B * T / t,
             "achieved_gflops": fl / t / 1e9, "pct_of_peak": 100 * fl / t / peak,
             "pct_of_peak_paper_rule": 100 * paper / t / peak,
             "setup": f"shape {args.shape} r={r} k={k} batch {B}x{T}" + (" compiled" if args.compile else "")}
@@ -146,16 +149,20 @@ def bench_muon(args):
     g = torch.Generator().manual_seed(0)
     for p in mats:
         p.grad = torch.randn(p.shape, generator=g)
-    ours = Muon(mats, lr=1e-3, weight_decay=1e-4)
-    ref = torch.optim.Muon(mats, lr=1e-3, weight_decay=1e-4)
-    t_ours, t_ref = [], []
-    ours.step()  # warm-up, and momentum buffers exist for both
-    ref.step()
-    for _ in range(args.repeat):  # interleaved, so both see the same machine load
-        t_ref.append(_time(ref.step))
-        t_ours.append(_time(ours.step))
-    return {"matrices": len(mats), "ours_s": min(t_ours), "torch_s": min(t_ref), "ratio": min(t_ours) / min(t_ref),
-            "setup": f"shape {args.muon_shape}, fp32 NS (ours) vs bf16 NS (torch)"}
+    # ours as train.py runs it (Newton-Schulz in fp32 on the CPU), ours in bf16 as on a GPU, and torch's (bf16)
+    opts = {"ours": Muon(mats, lr=1e-3, weight_decay=1e-4),
+            "ours_bf16": Muon(mats, lr=1e-3, weight_decay=1e-4, ns_dtype=torch.bfloat16),
+            "torch": torch.optim.Muon(mats, lr=1e-3, weight_decay=1e-4)}
+    times = {name: [] for name in opts}
+    for opt in opts.values():  # warm-up, and the momentum buffers exist
+        opt.step()
+    for _ in range(args.repeat):  # interleaved, so all see the same machine load
+        for name, opt in opts.items():
+            times[name].append(_time(opt.step))
+    best = {name: min(t) for name, t in times.items()}
+    return {"matrices": len(mats), "ours_s": best["ours"], "ours_bf16_s": best["ours_bf16"], "torch_s": best["torch"],
+            "ratio": best["ours"] / best["torch"], "ratio_bf16": best["ours_bf16"] / best["torch"],
+            "setup": f"shape {args.muon_shape}, fp32 NS (ours), bf16 NS (ours_bf16, torch)"}
 
 
 def _time(fn):
@@ -193,7 +200,7 @@ def main():
     print("\n| measurement | value | goal |\n|---|---|---|")
     if "peak" in results:
         r = results["peak"]
-        print(f"| fp32 matmul peak | {r['matmul_peak_gflops']:.0f} GFLOP/s | |")
+        print(f"| fp32 matmul peak | {r['matmul_peak_gflops']:.0f} GFLOP/s (bf16: {r['bf16_matmul_peak_gflops']:.0f}) | |")
         print(f"| train step ({r['setup']}) | {r['step_s']:.2f} s, {r['tokens_per_s']:.0f} tok/s, "
               f"{r['pct_of_peak']:.0f}% of peak ({r['pct_of_peak_paper_rule']:.0f}% by the paper's rule) | >= 60% |")
     if "memory" in results:
@@ -209,7 +216,7 @@ def main():
     if "muon" in results:
         r = results["muon"]
         print(f"| Muon step, {r['matrices']} matrices | ours {r['ours_s']:.2f} s vs torch.optim.Muon {r['torch_s']:.2f} s "
-              f"= {r['ratio']:.2f}x | <= 0.6x |")
+              f"= {r['ratio']:.2f}x (ours in bf16: {r['ours_bf16_s']:.2f} s = {r['ratio_bf16']:.2f}x) | <= 0.6x |")
 
 
 if __name__ == "__main__":
