@@ -94,7 +94,8 @@ def bench_peak(args):
     peak, t = max(peaks), min(times)
     # bf16's peak, for comparison only: a CPU with bf16 dot products (avx512_bf16, AMX) multiplies bf16 several
     # times faster than fp32, one without them slower; that decides Muon's race against torch's (bf16) below
-    return {"matmul_peak_gflops": peak / 1e9, "bf16_matmul_peak_gflops": matmul_peak(dtype=torch.bfloat16) / 1e9, "step_s": t, "tokens_per_s": B * T / t,
+    return {"matmul_peak_gflops": peak / 1e9, "bf16_matmul_peak_gflops": matmul_peak(dtype=torch.bfloat16) / 1e9,
+            "step_s": t, "tokens_per_s": B * T / t,
             "achieved_gflops": fl / t / 1e9, "pct_of_peak": 100 * fl / t / peak,
             "pct_of_peak_paper_rule": 100 * paper / t / peak,
             "setup": f"shape {args.shape} r={r} k={k} batch {B}x{T}" + (" compiled" if args.compile else "")}
