@@ -21,6 +21,7 @@ rows that exited wait for the others, so "loops per token" counts the loops each
 """
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -127,8 +128,9 @@ def section_hf(args, tok, ids):
         log(f"1. skipped: smollm2 resolved to {gguf}, not the offline GGUF this section compares against")
         return
     plain, _ = load_model(gguf, state_init="zero")
-    fast = matvec_layout(load_model(gguf, state_init="zero")[0])  # what sample.py runs on CPU
-    mkl = torch_products(matvec_layout(load_model(gguf, state_init="zero")[0]))
+    # copies, not new loads (each load de-quantizes the GGUF again): the layout rewrites the weights in place
+    fast = matvec_layout(copy.deepcopy(plain))  # what sample.py runs on CPU
+    mkl = torch_products(matvec_layout(copy.deepcopy(plain)))
     hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf),
                                               dtype=torch.float32).eval()
     x = torch.tensor([ids])
