@@ -20,8 +20,10 @@ takes our checkpoints and raven ones as well as a parent.
 """
 
 import argparse
+import dataclasses
 import json
 import os
+import shutil
 import sys
 
 import torch
@@ -194,6 +196,31 @@ def load_model(init, device="cpu", shape=None, layers=None, static=False, untie=
 # -----------------------------------------------------------------------------
 
 
+def export_atomic(src, out, command):
+    """--export-raven: the raven files and the model card go to a temp directory beside out, which then replaces
+    out in one rename: out appears complete or not at all (as the training saves, plumbing/run_dir.py)."""
+    from plumbing.raven import export_raven, load_raven
+
+    tmp, old = out.rstrip("/") + ".export.tmp", out.rstrip("/") + ".export.old"
+    shutil.rmtree(tmp, ignore_errors=True)  # a stale one from an export that died
+    try:
+        export_raven(src, tmp)
+        with open(os.path.join(src, "config.json")) as f:
+            cfg = json.load(f)
+        if cfg.get("model_type") == "huginn_raven":  # a raven source: the card reads our config's fields
+            cfg = dataclasses.asdict(load_raven(src).config)
+            origin = cfg.pop("parent") or {}  # Huginn was trained from scratch; a raven retrofit was cut from src
+            cfg.update({"parent": {"init": src}} if origin.get("variant") != "huginn" else {})
+        write_model_card(tmp, cfg, command, raven=True)
+        if os.path.isdir(out):  # replace an earlier export whole, never mix its files with these
+            os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def main(argv=None):
     p = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--init", help="short name, hub id, hub-layout directory or .gguf file")
@@ -219,11 +246,7 @@ def main(argv=None):
         if args.push_to_hub:  # a bad id, offline or no login: said now, before the work
             check_push(args.push_to_hub, args.export_raven[1] if args.export_raven else args.out)
         if args.export_raven:
-            from plumbing.raven import export_raven
-
-            export_raven(*args.export_raven)
-            with open(os.path.join(args.export_raven[0], "config.json")) as f:
-                write_model_card(args.export_raven[1], json.load(f), command, raven=True)
+            export_atomic(*args.export_raven, command)
             print(f"wrote {args.export_raven[1]} (raven format)")
             push(args, args.export_raven[1])
             return 0

@@ -322,3 +322,32 @@ def test_the_modeling_file_beside_the_weights_decides_the_layout(tmp_path):
     assert (logits_at(m, io["input_ids"], 4) - io["logits_r4"]).abs().max() <= TOL
     with pytest.raises(RavenError, match="rope_theta"):  # pre-norm, but no rope_theta to build its RoPE from
         load_raven(str(conv))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_surgery_exports_raven_sources_with_their_card(name, tmp_path):
+    """`surgery.py --export-raven` of a raven checkpoint (Huginn or a retrofit): a model card, the reference logits
+    on reload, and nothing left beside OUT."""
+    import surgery
+
+    out = tmp_path / "out"
+    assert surgery.main(["--export-raven", str(FIXTURES / name), str(out)]) == 0
+    assert "the core r times (default r = " in (out / "README.md").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    model = load_model(str(out), state_init="zero")[0].eval()
+    io = load_file(str(FIXTURES / name / "io.safetensors"))
+    for r in (1, 4):
+        assert (logits_at(model, io["input_ids"], r) - io[f"logits_r{r}"]).abs().max() <= TOL
+
+
+def test_export_that_fails_midway_leaves_no_out(tmp_path, monkeypatch):
+    import surgery
+
+    def broken_card(*args, **kwargs):
+        raise OSError("disk full")
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(surgery, "write_model_card", broken_card)
+    with pytest.raises((OSError, SystemExit)):
+        surgery.main(["--export-raven", str(FIXTURES / "huginn_tiny"), str(out)])
+    assert list(tmp_path.iterdir()) == []
