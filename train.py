@@ -434,7 +434,10 @@ def train(args):
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if wrap else model
     total, grad_accum = accumulation(args, T, world)
     trainable = [p for p in model.parameters() if p.requires_grad]
+    # what a seed does not fix: the same seed and command give the same numbers only on the same kind of CPU, torch
+    # build and thread count (BLAS kernels differ in their rounding by instruction set), so the run records them
     run_info = {"git": git_commit(short=True), "torch": torch.__version__, "world_size": world, "grad_accum": grad_accum,
+                "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                 "tokens_per_step": total, "device": str(device), "params": model.param_counts(),
                 "optimizer_split": {k: len(v) for k, v in split.items()}}
     save = lambda s: (fsdp.save_checkpoint if args.fsdp else run_dir.save_checkpoint)(

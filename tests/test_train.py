@@ -31,8 +31,8 @@ TINY = ["--init=scratch", "--shape", "1,1,1", "--n_embd=32", "--n_head=2", "--ba
 
 
 def run_train(args, check=True, **kw):
-    p = subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=REPO, env=ENV, capture_output=True,
-                       text=True, **kw)
+    p = subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=REPO, env=kw.pop("env", ENV),
+                       capture_output=True, text=True, **kw)
     if check and p.returncode != 0:
         raise AssertionError(f"train.py failed ({p.returncode}):\n{p.stderr[-3000:]}")
     return p
@@ -175,6 +175,21 @@ def test_resume_is_exact(depth_dir, tmp_path):
     a = RecurrentGPT.from_pretrained(tmp_path / "full").state_dict()
     b = RecurrentGPT.from_pretrained(tmp_path / "half").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_one_seed_gives_one_run_on_one_machine(depth_dir, tmp_path):
+    """Two runs of one command and seed, at 1 and at 2 threads: the same losses and bit-identical weights (every
+    random draw is a function of the seed and the step; no wall-clock decision touches the numbers)."""
+    common = [*TINY, "--data", str(depth_dir), "--eval_interval=3", "--max_iters=6", "--seed=7"]
+    for name, threads in (("a", "1"), ("b", "2")):
+        run_train([*common, "--out_dir", str(tmp_path / name), "--ckpt_minutes=0.0001"],
+                  env={**ENV, "OMP_NUM_THREADS": threads})
+    keep = ("step", "loss", "r", "mean_r", "tokens", "flops", "lr_mult", "grad_norm")
+    records = lambda d: [{k: x[k] for k in keep} for x in map(json.loads, open(d / "log.jsonl")) if "loss" in x]
+    assert records(tmp_path / "a") == records(tmp_path / "b") and len(records(tmp_path / "a")) == 6
+    run = [json.loads(l)["run"] for l in open(tmp_path / "b" / "log.jsonl") if '"run"' in l][0]
+    assert run["threads"] == 2 and run["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
 
 
 def test_state_seeds_make_s0_a_function_of_the_row():
