@@ -29,7 +29,6 @@ everything about the run directory (plumbing/run_dir.py) are functions a reader 
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import sys
@@ -42,7 +41,7 @@ from tqdm import tqdm
 
 from plumbing import checkpoint, guards, run_dir
 from plumbing.batches import batch_rows, get_batch, labeled_length, open_data, state_seeds
-from plumbing.cli import at_least, git_commit, int_list, str2bool
+from plumbing.cli import at_least, git_commit, int_list, read_json, str2bool
 from plumbing.device import AUTOCAST, compile_blocks, setup
 from plumbing.upload import check_push, push_to_hub
 from model import IGNORE_INDEX, RecurrentConfig, RecurrentGPT
@@ -113,6 +112,8 @@ FLAGS = dict(
     diverge_factor=(4.0, "a train loss over this times its running level and 1 nat above it is a spike (never "
                          "saved); 0 = off"),
     diverge_steps=(3, "stop after this many spikes in a row (one alone is the sampled r: an r=1 step reads out early)"),
+    collapse_factor=(10.0, "stop at once when an update multiplies the weights' norm by this much, or a finite loss "
+                           "comes with an all-zero gradient (0 = neither; plumbing/guards.py)"),
     peak_flops=(0.0, "FLOP/s of one device, for MFU (e.g. 989e12 for an H100 in bf16); 0 = no MFU"),
     push_to_hub=("", "namespace/name: at the end, upload out_dir (weights, config, tokenizer, model card) there"),
     private=(False, "with --push_to_hub: create the repo private"),
@@ -123,7 +124,7 @@ DEFAULTS = {key: default for key, (default, _) in FLAGS.items()}
 # curriculum that are fractions of it: that is how a run is extended)
 RESUME_MAY_CHANGE = ("config", "resume", "out_dir", "max_iters", "eval_interval", "eval_iters", "eval_r",
                      "log_interval", "ckpt_minutes", "device", "compile", "max_bad_steps", "diverge_factor",
-                     "diverge_steps", "peak_flops", "push_to_hub", "private")
+                     "collapse_factor", "diverge_steps", "peak_flops", "push_to_hub", "private")
 
 
 class TrainError(Exception):
@@ -148,8 +149,7 @@ def parse_args(argv=None):
     first, _ = parser.parse_known_args(argv)
     if first.config:
         try:
-            with open(first.config) as f:
-                cfg = json.load(f)
+            cfg = read_json(first.config)
         except (OSError, ValueError) as err:
             raise TrainError(f"--config {first.config}: {getattr(err, 'strerror', None) or err}") from None
         cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}  # "_comment", "_phase2": documentation
@@ -491,11 +491,15 @@ def train(args):
         if saver and save_due and not bad and not spike and step > start_step and bad_in_row == 0:
             t_saved = save(step)  # the weights of `step` before this update, now that their loss showed they did not diverge
         bad_in_row = bad_in_row + 1 if bad else 0  # skip: no update; grads are identical on every rank after the all-reduce
+        norm_before = guards.weight_norm(trainable) if not bad and not args.fsdp else None  # for the collapse guard
         for o in opts:
             if not bad:
                 o.step()
             o.zero_grad(set_to_none=True)
         step += 1
+        if norm_before is not None:  # a blown-up or dead model is never evaluated, saved or trained on
+            guards.check_collapse(step, loss_sum.item(), grad_norm.item(), norm_before, guards.weight_norm(trainable),
+                                  args.collapse_factor, args.out_dir)
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.time() - t0

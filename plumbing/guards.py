@@ -4,12 +4,17 @@ gradient is skipped (no update); a finite train loss far above its running level
 evaluation far above the best one so far is a divergence. Neither a skipped step's, a spike's nor a
 diverged evaluation's weights are saved, and --max_bad_steps skipped steps or --diverge_steps spikes in a
 row stop the run with one line that says exactly which checkpoint is on disk (plumbing/run_dir.py).
+A collapse stops it at once: an update that multiplies the weights' norm by --collapse_factor or more, or a
+finite loss with a gradient of exactly zero (a dead model: e.g. the loss pinned at log(vocab), the uniform
+prediction, after a blown-up update). The spike rule cannot see it: such a loss is no higher than before.
 
     python train.py --config config/cpu_depth.json --diverge_factor 4 --diverge_steps 3 --max_bad_steps 5
     python -m pytest -q tests/test_train.py -k "nan or diverg or spike"
 """
 
 import math
+
+import torch
 
 from plumbing.run_dir import on_disk
 
@@ -64,3 +69,20 @@ def track(levels, rec, bad, spike, bad_in_row, args):
     if not bad and not spike:  # the running level: an EMA of the good steps' losses
         levels["loss"] = rec["loss"] if levels["steps"] == 0 else 0.9 * levels["loss"] + 0.1 * rec["loss"]
         levels["steps"] += 1
+
+
+def weight_norm(params):
+    """The global L2 norm of a list of tensors, as a float (read only: the numbers of the run do not change)."""
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm([p.detach() for p in params]))).item()
+
+
+def check_collapse(step, loss, grad_norm, norm_before, norm_after, factor, out_dir):
+    """After an update: stop if it blew the weights up (their norm x factor or more in one step), or if the
+    loss was finite with an all-zero gradient. factor 0: neither check. Nothing after the last save is kept."""
+    if factor > 0 and norm_after >= factor * max(norm_before, 1e-12):
+        raise Stopped(f"step {step}: the update multiplied the weights' norm by {norm_after / norm_before:.3g} "
+                      f"({norm_before:.4g} -> {norm_after:.4g}, --collapse_factor {factor:g}): the run collapsed, "
+                      f"stopping; {on_disk(out_dir)} (lower --learning_rate / --adam_lr)")
+    if factor > 0 and math.isfinite(loss) and grad_norm == 0.0:
+        raise Stopped(f"step {step}: loss {loss:.4g} with a gradient of exactly zero: the model is dead (collapsed), "
+                      f"stopping; {on_disk(out_dir)} (lower --learning_rate / --adam_lr)")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from plumbing import batches, checkpoint
+from plumbing import batches, checkpoint, guards
 import train
 from model import RecurrentConfig, RecurrentGPT
 
@@ -276,11 +276,33 @@ def test_diverging_run_stops_before_saving(depth_dir, tmp_path):
     assert best[saved] <= 4 * min(v for s, v in best.items() if s <= saved)  # what was saved had not diverged
 
 
+def test_collapsed_model_is_never_saved(depth_dir, tmp_path):
+    # lr 1e9: the first update blows the weights up, and the loss would sit at log(vocab) with zero gradients
+    out = tmp_path / "dead"
+    p = run_train(["--init=scratch", "--data", str(depth_dir), "--out_dir", str(out), "--learning_rate=1e9",
+                   "--adam_lr=1e9", "--warmup_iters=100000", "--eval_interval=1", "--batch_size=8", "--max_iters=8"],
+                  check=False)
+    one_line_error(p, "error: step 1:", "the run collapsed", "holds no checkpoint", "--learning_rate")
+    assert checkpoint.current(out)[1] is None and not (out / "model.safetensors").exists()
+
+
+def test_collapse_rules():
+    ok = dict(step=3, loss=2.6, out_dir="x", factor=10.0)
+    guards.check_collapse(grad_norm=0.5, norm_before=50.0, norm_after=55.0, **ok)  # a normal step
+    guards.check_collapse(grad_norm=0.5, norm_before=50.0, norm_after=900.0, **{**ok, "factor": 0})  # off
+    with pytest.raises(guards.Stopped, match="multiplied the weights' norm"):
+        guards.check_collapse(grad_norm=0.5, norm_before=50.0, norm_after=900.0, **ok)
+    with pytest.raises(guards.Stopped, match="gradient of exactly zero"):
+        guards.check_collapse(grad_norm=0.0, norm_before=50.0, norm_after=50.0, **ok)
+    guards.check_collapse(grad_norm=0.0, norm_before=50.0, norm_after=50.0, **{**ok, "factor": 0})
+
+
 def test_loss_spike_stops_the_run_and_says_no_checkpoint_exists(depth_dir, tmp_path):
     # the train loss against its running level (no eval after step 0: only that check can stop the run)
     out = tmp_path / "spike"
     p = run_train([*TINY, "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=60", "--eval_interval=100",
-                   "--optimizer=adamw", "--adam_lr=30", "--warmup_iters=300", "--diverge_factor=3"], check=False)
+                   "--optimizer=adamw", "--adam_lr=30", "--warmup_iters=300", "--diverge_factor=3",
+                   "--collapse_factor=0"], check=False)  # the spike rule alone: the collapse guard would stop it first
     err = one_line_error(p, "x its running level", "the run diverged", f"{out} holds no checkpoint")
     assert "last good" not in err and checkpoint.current(out) == (None, None)
 
