@@ -29,7 +29,7 @@ import sys
 import torch
 
 from plumbing import checkpoint
-from plumbing.cli import Parser, int_list
+from plumbing.cli import Parser, int_list, read_json
 from plumbing.hub import CheckpointError, checkpoint_revision, resolve_checkpoint
 from plumbing.model_card import parent_license, write_model_card
 from plumbing.parents import SurgeryError, load_parent
@@ -181,8 +181,7 @@ def load_model(init, device="cpu", shape=None, layers=None, static=False, untie=
     and 3 is cut already. config_overrides replace config fields in every case (state_init="zero", ...)."""
     src = init if os.path.isfile(os.path.join(init, "config.json")) else resolve_checkpoint(init)
     if os.path.isdir(src):
-        with open(os.path.join(src, "config.json")) as f:
-            model_type = json.load(f).get("model_type")
+        model_type = read_json(os.path.join(src, "config.json")).get("model_type")
         if model_type == "nanorecur":
             return RecurrentGPT.from_pretrained(src, device=device, **config_overrides), src
         if model_type == "huginn_raven":
@@ -205,8 +204,7 @@ def export_atomic(src, out, command):
     shutil.rmtree(tmp, ignore_errors=True)  # a stale one from an export that died
     try:
         export_raven(src, tmp)
-        with open(os.path.join(src, "config.json")) as f:
-            cfg = json.load(f)
+        cfg = read_json(os.path.join(src, "config.json"))
         if cfg.get("model_type") == "huginn_raven":  # a raven source: the card reads our config's fields
             cfg = dataclasses.asdict(load_raven(src).config)
             origin = cfg.pop("parent") or {}  # Huginn was trained from scratch; a raven retrofit was cut from src

@@ -16,6 +16,7 @@ message as their own one-line error (exit code 1), never a traceback:
 
 import argparse
 import errno
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -28,6 +29,18 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def read_json(path):
+    """json.load of a file whose parse error names the file and what to do (still a json.JSONDecodeError, so
+    every caller that turns a ValueError into a one-line error keeps doing so)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise json.JSONDecodeError(f"{path} is not valid JSON (repair it, or write it again with the command that "
+                                   f"made it): {err.msg}", err.doc, err.pos) from None
 
 
 def str2bool(text):

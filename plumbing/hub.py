@@ -120,7 +120,9 @@ def _local(path):
     ggufs = sorted(p.glob("*.gguf"))
     if len(ggufs) == 1:
         return str(ggufs[0].resolve())
-    raise CheckpointError(f"{path} has no config.json (and not exactly one .gguf): not a checkpoint directory")
+    raise CheckpointError(f"{path} has no config.json (and not exactly one .gguf): not a checkpoint directory; "
+                          "train one there with train.py (--out_dir), or pass --init with a parent (e.g. smollm2) or "
+                          "a checkpoint directory")
 
 
 def resolve_checkpoint(name):

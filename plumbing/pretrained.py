@@ -18,6 +18,7 @@ import os
 from dataclasses import asdict, fields
 
 from model import RecurrentConfig, RecurrentGPT
+from plumbing.cli import read_json
 from plumbing.hf_remote import write_remote_code
 
 # config.json keys that are not model fields: ours ("train": the run) and those transformers reads or writes
@@ -47,8 +48,7 @@ def load(path, device="cpu", **overrides):
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"{path} has no config.json: pass a directory written by surgery.py or train.py")
-    with open(cfg_path) as f:
-        cfg = json.load(f)
+    cfg = read_json(cfg_path)
     if cfg.get("model_type") != "nanorecur":
         raise ValueError(f"{path} is a {cfg.get('model_type')!r} checkpoint, not one of ours: load it with "
                          "surgery.load_model (every script's --init does)")

@@ -40,6 +40,7 @@ import sys
 import torch
 
 from families import FAMILIES, RAVEN_EXPORT, RAVEN_VARIANTS
+from plumbing.cli import read_json
 from plumbing.hf_remote import write_remote_code, written_by_nanorecur
 from model import RecurrentConfig, RecurrentGPT
 from plumbing.pretrained import write_json_atomic
@@ -281,8 +282,7 @@ def load_raven(path, device="cpu", **overrides):
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise RavenError(f"{path} has no config.json: pass a raven checkpoint directory")
-    with open(cfg_path) as f:
-        cfg = json.load(f)
+    cfg = read_json(cfg_path)
     if cfg.get("model_type") != "huginn_raven":
         raise RavenError(f"{path}/config.json has model_type {cfg.get('model_type')!r}, not 'huginn_raven'")
     sd = read_raven_tensors(path)
@@ -434,8 +434,7 @@ def export_raven(model_dir, out_dir):
     if os.path.abspath(model_dir) == os.path.abspath(out_dir):
         raise RavenError("export_raven: out_dir must differ from model_dir")
     try:
-        with open(os.path.join(model_dir, "config.json")) as f:
-            raven = json.load(f).get("model_type") == "huginn_raven"
+        raven = read_json(os.path.join(model_dir, "config.json")).get("model_type") == "huginn_raven"
         model = load_raven(model_dir) if raven else RecurrentGPT.from_pretrained(model_dir)
     except (FileNotFoundError, ValueError) as err:
         raise RavenError(str(err).splitlines()[0]) from None

@@ -38,6 +38,7 @@ from pathlib import Path
 import tiktoken
 
 from plumbing import gguf
+from plumbing.cli import read_json
 
 # -----------------------------------------------------------------------------
 # pre-tokenizer regexes
@@ -266,11 +267,6 @@ class BPETokenizer(_Base):
         return b"".join(self._id_bytes[i] for i in ids).decode("utf-8", errors="replace")
 
 
-def _read_json(p):
-    with open(p, encoding="utf-8") as f:
-        return json.load(f)
-
-
 def _token_content(t):
     return t["content"] if isinstance(t, dict) else t
 
@@ -480,9 +476,9 @@ def load_tokenizer(path):
         p = p.parent if p.name in ("tokenizer.json",) else p
     d = p if p.is_dir() else p.parent
     root = d.parent if d.name == "original" else d
-    cfg = _read_json(root / "tokenizer_config.json") if (root / "tokenizer_config.json").exists() else {}
+    cfg = read_json(root / "tokenizer_config.json") if (root / "tokenizer_config.json").exists() else {}
     if (root / "tokenizer.json").exists() and not (p.is_file() and p.name == "tokenizer.model"):
-        tj = _read_json(root / "tokenizer.json")
+        tj = read_json(root / "tokenizer.json")
         if tj["model"].get("type") == "BPE" and not tj["model"].get("byte_fallback"):
             return bpe_from_tokenizer_json(tj, cfg, str(root / "tokenizer.json"), chat_dir=root)
     candidates = [p] if p.is_file() else [root / "original" / "tokenizer.model", root / "tokenizer.model"]
