@@ -222,7 +222,8 @@ def model_card(config_dict, command=None, raven=False):
                            ", trained from scratch with nanorecur (recurrent depth, Geiping et al. 2025, arXiv "
                            "2502.05171)") + ". The prelude runs "
             "once, the core" + ((f" r times (default r = {rbar}: {P} + {R}r + {C} = {P + R * rbar + C} layer "
-                                 "applications)" if rbar else " r times") if recurrent else " once") + ", then the coda."
+                                 "applications)" if rbar else " r times") if recurrent else " once")
+            + ", then the coda."
             + (" Stored in the raven format (config.json model_type huginn_raven)." if raven else ""), ""]
 
     # 3. the parent and the cut
