@@ -313,7 +313,7 @@ def test_saves_between_evals_wait_for_the_next_loss(depth_dir, tmp_path):
     out = tmp_path / "timed_spike"
     p = run_train([*TINY, "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=60", "--eval_interval=100",
                    "--ckpt_minutes=0.00001", "--optimizer=adamw", "--adam_lr=30", "--warmup_iters=300",
-                   "--diverge_factor=3"], check=False)
+                   "--diverge_factor=3", "--collapse_factor=0"], check=False)  # the spike rule alone
     err = one_line_error(p, "x its running level", "the run diverged")
     stop = int(re.match(r"error: step (\d+):", err).group(1))
     first_spike = stop - (train.DEFAULTS["diverge_steps"] - 1)  # the run stops at the last of the spikes in a row
