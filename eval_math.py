@@ -19,6 +19,7 @@ through plumbing/eval_data.py.
     python eval_math.py --init out/smollm2 --task gsm8k --data DIR --limit 20 --r 1,4   # CPU; DIR holds test.jsonl, train.jsonl
     python eval_math.py --init out/ckpt --task math --r 1,2,4,8,16,32
     python eval_math.py --init out/depth --task depth --data data/depth --r 1,2,4,8,16,32
+    python eval_math.py --init out/depth --task depth --data data/depth --r 32 --exit_sweep  # plumbing/exit_sweep.py
     python eval_math.py --init out/ckpt --task loss --data data/sotu --r 1,2,4,8
 Writes --out_dir (default out/eval/<task>): results.jsonl (one line per problem and r),
 summary.json, and PNG plots.
@@ -65,6 +66,8 @@ def parse_args(argv=None):
     p.add_argument("--exit_criterion", default=None, choices=list(EXIT_THRESHOLDS),
                    help="adaptive exit (sample.py), e.g. kl")
     p.add_argument("--exit_threshold", type=float, default=None, help="of --exit_criterion (default: Huginn's)")
+    p.add_argument("--exit_min_loops", type=int, default=1, help="adaptive exit never before this many loops")
+    p.add_argument("--exit_sweep", action="store_true", help="depth: exit criteria vs r (plumbing/exit_sweep.py)")
     p.add_argument("--num_batches", type=int, default=20, help="loss: batches of --batch_size rows")
     p.add_argument("--seq_len", type=int, default=256, help="loss: tokens per row for plain text data")
     p.add_argument("--split", default="val", help="depth/loss: which split of the data dir")
@@ -78,11 +81,13 @@ def parse_args(argv=None):
     try:
         args.r = int_list(args.r, "--r")
         at_least(args, 0, "limit", "shots", "chunk", "exit_threshold")
-        at_least(args, 1, "max_new_tokens", "batch_size", "num_batches", "seq_len", "threads")
+        at_least(args, 1, "max_new_tokens", "batch_size", "num_batches", "seq_len", "threads", "exit_min_loops")
     except ValueError as e:
         p.error(str(e))
     if args.exit_criterion and args.task not in ("gsm8k", "math"):
         p.error("--exit_criterion applies to the generation tasks (gsm8k, math)")
+    if args.exit_sweep and args.task != "depth":
+        p.error(f"--exit_sweep applies to the depth task, not --task {args.task}: pass --task depth")
     args.shots = {"gsm8k": 1, "math": 4}.get(args.task, 0) if args.shots is None else args.shots
     args.max_new_tokens = args.max_new_tokens or {"gsm8k": 256, "math": 512}.get(args.task, 0)
     args.out_dir = args.out_dir or f"out/eval/{args.task}"
@@ -205,7 +210,7 @@ def complete(model, tok, prompts, r, args, eos_ids, seed):
         outs = generate(model, [prompts[i] + gen[i] for i in active], max_new_tokens=min(chunk,
                         args.max_new_tokens - c), num_steps=r, temperature=0.0, eos_id=eos_ids or None,
                         seed=seed + c, exit_criterion=args.exit_criterion, exit_threshold=args.exit_threshold,
-                        stop=stop)
+                        exit_min_loops=args.exit_min_loops, stop=stop)
         for b, (i, out) in enumerate(zip(active, outs)):
             eos = out.tokens[-1] in eos_ids
             gen[i] += out.tokens[:-1] if eos else out.tokens
@@ -484,6 +489,9 @@ def main(argv=None):
         raise EvalError("--exit_criterion needs a recurrent model: a static one runs its layers once")
     # one place decides the dtype (plumbing/device.py): bf16 autocast on CUDA, plain fp32 on CPU
     with autocast_context(model.embed_tokens.weight.device, args.autocast):
+        if args.exit_sweep:  # one trajectory to max(r), each exit criterion over its thresholds
+            from plumbing.exit_sweep import exit_sweep
+            return exit_sweep(args, model, out_dir)
         records, meta = run_task(args, model, problems)
     args.train_max_k = (meta or {}).get("train_max_k")
     rows = summarize(args, model, records, meta)

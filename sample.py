@@ -112,11 +112,44 @@ class DecodeOptions:
 # adaptive exit
 
 
+def exit_quantity(criterion, s, logits):
+    """What `criterion` compares between consecutive loops, in fp32: the state s (..., h) (latent-diff, cosine),
+    or of the readout logits (..., V) the log-probs (kl), their entropy (entropy-diff) or the argmax (argmax).
+    The argument a criterion does not read may be None."""
+    if criterion in ("latent-diff", "cosine"):
+        return s.float()
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    if criterion == "argmax":
+        return logp.argmax(-1)
+    return -(logp.exp() * logp).sum(-1) if criterion == "entropy-diff" else logp
+
+
+def exit_value(criterion, prev, cur, streak=None):
+    """Loop i's exit_quantity cur against loop i-1's prev -> (...,): ||s_i - s_{i-1}|| / ||s_i|| (latent-diff),
+    1 - cos(s_i, s_{i-1}) (cosine), kl(p_{i-1} || p_i) (kl), |H_i - H_{i-1}| (entropy-diff); argmax: the loops in
+    a row with an unchanged argmax, streak + 1 or 0 (streak: the count after loop i-1, 0 after the first loop)."""
+    if criterion == "latent-diff":
+        return (cur - prev).norm(dim=-1) / cur.norm(dim=-1).clamp_min(1e-12)
+    if criterion == "cosine":
+        return 1 - F.cosine_similarity(cur, prev, dim=-1)
+    if criterion == "kl":
+        return (prev.exp() * (prev - cur)).sum(-1)
+    if criterion == "entropy-diff":
+        return (cur - prev).abs()
+    return torch.where(cur == prev, streak + 1, 0)
+
+
+def exit_fired(criterion, value, threshold):
+    """Converged: the argmax streak reached the threshold, any other criterion's value fell below it."""
+    return value >= threshold if criterion == "argmax" else value < threshold
+
+
 class ExitRule:
     """Per-row convergence test between consecutive loops (Huginn §6.1). Every criterion compares
     loop i's output with loop i-1's, so the earliest exit is after 2 loops (argmax: after
     threshold + 1) and never before min_loops. kl, entropy-diff and argmax need a readout after
-    every loop (only of the token being decoded)."""
+    every loop (only of the token being decoded). The math is exit_quantity, exit_value and
+    exit_fired, shared with the depth task's exit sweep (plumbing/exit_sweep.py)."""
 
     def __init__(self, criterion, threshold=None, min_loops=1):
         if criterion not in EXIT_THRESHOLDS:
@@ -137,31 +170,19 @@ class ExitRule:
     def converged(self, i, s_prev, s, logits):
         """i: 0-based loop just run; s_prev, s: (B, 1, h); logits (B, 1, V) or None -> (B,) bool."""
         c = self.criterion
-        if c in ("latent-diff", "cosine"):
-            if i == 0:  # s_0 is the initial state, not a loop's output
-                return torch.zeros(s.shape[0], dtype=torch.bool, device=s.device)
-            a, b = s[:, -1].float(), s_prev[:, -1].float()
-            if c == "latent-diff":
-                value = (a - b).norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-12)
+        if c in ("latent-diff", "cosine"):  # s_0 is the initial state, not a loop's output: nothing to compare at i = 0
+            q = lambda t: exit_quantity(c, t[:, -1], None)  # (B, h) fp32
+            value = None if i == 0 else exit_value(c, q(s_prev), q(s))
+        else:
+            cur, first = exit_quantity(c, None, logits[:, -1]), self.prev is None  # (B, V) log-probs, or (B,)
+            if c == "argmax":
+                value = self.stable = torch.zeros_like(cur) if first else exit_value(c, self.prev, cur, self.stable)
             else:
-                value = 1 - F.cosine_similarity(a, b, dim=-1)
-            return (value < self.threshold) & (i + 1 >= self.min_loops)
-        logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B, V)
-        if c == "argmax":
-            cur = logp.argmax(-1)
-            self.stable = torch.zeros_like(cur) if self.prev is None else torch.where(cur == self.prev, self.stable + 1, 0)
+                value = None if first else exit_value(c, self.prev, cur)
             self.prev = cur
-            return (self.stable >= self.threshold) & (i + 1 >= self.min_loops)
-        if c == "entropy-diff":
-            cur = -(logp.exp() * logp).sum(-1)
-            value = None if self.prev is None else (cur - self.prev).abs()
-        else:  # kl(p_{i-1} || p_i)
-            cur = logp
-            value = None if self.prev is None else (self.prev.exp() * (self.prev - logp)).sum(-1)
-        self.prev = cur
         if value is None:
-            return torch.zeros(logp.shape[0], dtype=torch.bool, device=logp.device)
-        return (value < self.threshold) & (i + 1 >= self.min_loops)
+            return torch.zeros(s.shape[0], dtype=torch.bool, device=s.device)
+        return exit_fired(c, value, self.threshold) & (i + 1 >= self.min_loops)
 
 
 # -----------------------------------------------------------------------------

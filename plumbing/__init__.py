@@ -8,6 +8,7 @@
   resume, log), its NaN and divergence stops, and its device / DDP setup
 - checkpoint.py: a run directory as one unit (atomic saves, weights_only loads, one process per out_dir)
 - eval_data.py, math_grader.py: eval_math.py's problems and its MATH answer grading
+- exit_sweep.py: eval_math.py --exit_sweep, the depth task's accuracy against mean loops per exit criterion
 - analyze_plots.py: analyze.py's figures
 - hf_remote.py, hf/: the modeling code transformers runs (trust_remote_code) for our directories and the raven
   export, written into each with config.json's auto_map
