@@ -443,11 +443,9 @@ def plot(args, rows, out_dir):
             ax.set(ylabel=key, title=f"{args.task}: {key} against {'r' if x_key == 'r' else 'compute'}")
             ax.legend()
             figs.append((fig, f"{key}_vs_{'r' if x_key == 'r' else 'flops'}.png"))
-    for fig, name in figs:
-        fig.tight_layout()
-        fig.savefig(out_dir / name, dpi=120)
-        plt.close(fig)
-    return [out_dir / name for _, name in figs]
+    from repeat import save_figures
+
+    return save_figures(figs, out_dir)
 
 
 def run_task(args, model, problems):

@@ -126,6 +126,15 @@ def pyplot():
     return plt
 
 
+def save_figures(figs, out_dir):
+    """Write each (figure, file name) of figs as a PNG in out_dir and close it; returns the paths."""
+    for fig, name in figs:
+        fig.tight_layout()
+        fig.savefig(Path(out_dir) / name, dpi=120)
+        pyplot().close(fig)
+    return [Path(out_dir) / name for _, name in figs]
+
+
 def depth_panel(ax, curves, train_max_k, title):
     """Accuracy against r, one line per depth k (dashed beyond the trained depth), with chance (1/6) marked.
     curves: {k: (r values, accuracies, spreads or None)}."""

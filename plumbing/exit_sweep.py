@@ -246,7 +246,7 @@ def print_summary(result, best, counts, kmax, n):
 def plot(result, best, counts, kmax, out_dir):
     """exit_frontier.png (accuracy against mean loops, all depths and trained depths) and loops_by_depth.png
     (mean loops and accuracy against k at each criterion's best threshold)."""
-    from repeat import pyplot
+    from repeat import pyplot, save_figures
 
     plt = pyplot()
     fixed, r_max, ks = result["fixed"], result["r_max"], sorted(counts)
@@ -292,11 +292,7 @@ def plot(result, best, counts, kmax, out_dir):
     a0.legend(fontsize=7)
     a1.legend(fontsize=7)
     figs.append((fig, "loops_by_depth.png"))
-    for fig, name in figs:
-        fig.tight_layout()
-        fig.savefig(out_dir / name, dpi=120)
-        plt.close(fig)
-    return [out_dir / name for _, name in figs]
+    return save_figures(figs, out_dir)
 
 
 def exit_sweep(args, model, out_dir):
