@@ -24,9 +24,9 @@ demo: install
 retrofit_depth: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash retrofit_depth.sh
 
-# the papers' claims at CPU scale (claims.py): out/claims/<claim>/summary.json + PNG, out/claims/claims.md
+# the papers' claims at CPU scale (experiments/claims.py): out/claims/<claim>/summary.json + PNG, out/claims/claims.md
 claims: install
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTHON) claims.py
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTHON) -m experiments.claims
 
 # pytest exits 5 when it collects no test: say so and fail, a suite that runs nothing is not a pass
 test: install-dev

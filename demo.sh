@@ -25,7 +25,7 @@ python eval_math.py --init "$OUT/depth" --task depth --data "$OUT/data_depth" --
 step "2a-d. the retrofit (retrofit_depth.sh, shortened: 100 of phase 1's 400 steps, no phase 2, ~12 min, one seed)"
 STEPS=100 PHASE2_STEPS=0 OUT="$OUT" bash retrofit_depth.sh
 step "2e. the two side by side: the from-scratch model (1b) and the retrofit (2a-d)"
-python repeat.py --compare "$OUT/eval_depth" "$OUT/eval_retrofit_depth"
+python -m experiments.repeat --compare "$OUT/eval_depth" "$OUT/eval_retrofit_depth"
 step "2f. latent trajectories of the retrofit on one depth-9 problem"
 python analyze.py --init "$OUT/retrofit_depth" --prompt " c a f b e d a b c" --r 32 --seeds 2 --out_dir "$OUT/analyze"
 

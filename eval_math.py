@@ -443,7 +443,7 @@ def plot(args, rows, out_dir):
             ax.set(ylabel=key, title=f"{args.task}: {key} against {'r' if x_key == 'r' else 'compute'}")
             ax.legend()
             figs.append((fig, f"{key}_vs_{'r' if x_key == 'r' else 'flops'}.png"))
-    from repeat import save_figures
+    from plumbing.plots import save_figures
 
     return save_figures(figs, out_dir)
 

@@ -9,7 +9,7 @@
 - checkpoint.py: a run directory as one unit (atomic saves, weights_only loads, one process per out_dir)
 - eval_data.py, math_grader.py: eval_math.py's problems and its MATH answer grading
 - exit_sweep.py: eval_math.py --exit_sweep, the depth task's accuracy against mean loops per exit criterion
-- analyze_plots.py: analyze.py's figures
+- analyze_plots.py, plots.py: analyze.py's figures, and matplotlib for files with the one way the scripts save a PNG
 - hf_remote.py, hf/: the modeling code transformers runs (trust_remote_code) for our directories and the raven
   export, written into each with config.json's auto_map
 - model_card.py, upload.py: the README.md model card of a checkpoint, and the push to the hub

@@ -7,7 +7,7 @@ model (trained on data/depth/prepare.py --cot rows) writes the chain p1 .. pk an
 last token. For each val row and each depth k = 1..test_k the prompt is BOS g1..gk SEP and the model
 generates k tokens greedily; the answer is correct when the last one is p_k (the whole chain is scored
 too). The records have the depth task's shape (steps, correct per row), so eval_math.py's summary,
-table and plots, and repeat.py's aggregation over seeds, read CoT runs unchanged; the summary adds the
+table and plots, and experiments/repeat.py's aggregation over seeds, read CoT runs unchanged; the summary adds the
 output tokens per answer (mean k here, 1 for the loop) and the whole-chain accuracy.
 
     python data/depth/prepare.py --cot --out_dir data/depth_cot

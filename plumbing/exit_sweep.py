@@ -246,7 +246,7 @@ def print_summary(result, best, counts, kmax, n):
 def plot(result, best, counts, kmax, out_dir):
     """exit_frontier.png (accuracy against mean loops, all depths and trained depths) and loops_by_depth.png
     (mean loops and accuracy against k at each criterion's best threshold)."""
-    from repeat import pyplot, save_figures
+    from plumbing.plots import pyplot, save_figures
 
     plt = pyplot()
     fixed, r_max, ks = result["fixed"], result["r_max"], sorted(counts)

@@ -138,7 +138,7 @@ def load_gguf(path):
 
 
 # -----------------------------------------------------------------------------
-# one of ours, trained without a loop: a parent too (the claims' tiny parent, claims.py)
+# one of ours, trained without a loop: a parent too (the tiny parent of experiments/claims.py)
 
 SHAPE_FIELDS = ("vocab_size", "n_embd", "n_head", "n_kv_head", "head_dim", "intermediate_size", "block_size",
                 "block_type", "norm_eps", "rope_theta", "rope_scaling", "attn_bias", "qk_norm", "tie_embeddings",

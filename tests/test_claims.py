@@ -1,4 +1,4 @@
-"""claims.py: the measurements on hand-made arms (known FLOPs saving, spikes, pairing by seed), a static
+"""experiments/claims.py: the measurements on hand-made arms (known FLOPs saving, spikes, pairing by seed), a static
 checkpoint of ours as a parent (cut whole it is the same model), and the pipeline end to end at --smoke
 scale (summary.json, PNG, the table row, reuse on a rerun).
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-import claims
+from experiments import claims
 from model import RecurrentConfig, RecurrentGPT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,7 +87,7 @@ def test_static_checkpoint_of_ours_is_a_parent(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_pipeline_writes_summaries_and_reuses(tmp_path):
-    cmd = [sys.executable, "claims.py", "--smoke", "--claim", "static", "--seeds", "1,2", "--out_dir", str(tmp_path)]
+    cmd = [sys.executable, "-m", "experiments.claims", "--smoke", "--claim", "static", "--seeds", "1,2", "--out_dir", str(tmp_path)]
     p = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     s = json.loads((tmp_path / "static" / "summary.json").read_text())
@@ -98,7 +98,7 @@ def test_smoke_pipeline_writes_summaries_and_reuses(tmp_path):
     seed_eval = json.loads((tmp_path / "arms" / "static" / "seed_2" / "eval" / "summary.json").read_text())
     assert m["beyond"]["static"]["values"][1] == seed_eval["results"][0]["accuracy_beyond_depth"]  # read, not made up
     table = (tmp_path / "claims.md").read_text()
-    assert "8. The loop beats the static-depth baseline" in table and "python claims.py --claim static" in table
+    assert "8. The loop beats the static-depth baseline" in table and "python -m experiments.claims --claim static" in table
     again = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0
     assert "seed 2: reusing" in (tmp_path / "logs" / "static.log").read_text()

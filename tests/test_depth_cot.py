@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import eval_math
-import repeat
+from experiments import repeat
 from data.common import DataError, load_meta, open_split
 from data.depth import prepare as depth
 from plumbing.depth_cot import chain_rows, run_depth_cot
@@ -217,7 +217,7 @@ def test_wrong_models_score_as_expected(dirs):
     assert {k: c["accuracy"] for k, c in row["by_k"].items()} == {str(k): float(k >= 2) for k in range(1, K + 1)}
     assert all(c["accuracy"] == 0.0 and c["n"] == 10 for c in row["chain_by_k"].values())
     assert row["accuracy_beyond_depth"] == 1.0 and row["chain_accuracy_seen_depth"] == 0.0
-    # repeat.py aggregates it like a loop evaluation
+    # experiments/repeat.py aggregates it like a loop evaluation
     table = repeat.aggregate([{"results": [row]}])
     assert table["1"]["1"]["mean"] == 0.0 and table["beyond"]["1"]["mean"] == 1.0
 

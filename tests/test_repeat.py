@@ -1,4 +1,4 @@
-"""repeat.py: seeds trained and evaluated through the project's own scripts, the table equal to the mean
+"""experiments/repeat.py: seeds trained and evaluated through the project's own scripts, the table equal to the mean
 and spread of the seeds' own eval summaries, reuse of finished seeds, and no mixing of commands.
 
     python -m pytest -q tests/test_repeat.py
@@ -22,7 +22,7 @@ TINY = ["--init=scratch", "--shape", "1,1,1", "--n_embd=32", "--n_head=2", "--ba
 
 
 def repeat(*args):
-    return subprocess.run([sys.executable, "repeat.py", *map(str, args)], cwd=REPO, env=ENV,
+    return subprocess.run([sys.executable, "-m", "experiments.repeat", *map(str, args)], cwd=REPO, env=ENV,
                           capture_output=True, text=True, timeout=600)
 
 

@@ -2,12 +2,12 @@
 The figures of claims.py: one PNG per claim (accuracy against r or depth per arm, loss against FLOPs,
 loss and gradient-norm curves), mean over seeds with the spread as error bars or thin lines.
 
-    python claims.py --claim loops      # writes out/claims/loops/loops.png among the rest
+    python -m experiments.claims --claim loops      # writes out/claims/loops/loops.png among the rest
 """
 
 import numpy as np
 
-from repeat import pyplot
+from plumbing.plots import pyplot
 
 DEPTHS = range(1, 13)
 
@@ -69,10 +69,8 @@ def plot(name, A, measured, path, steps):
         ax[1].bar(list(loss), [v["mean"] for v in loss.values()], yerr=[v["std"] for v in loss.values()], capsize=4)
         ax[1].set(ylabel=f"val loss at r=4 after {steps['text']} steps", title="SmolLM2 (2,2,2) on data/sotu")
     elif name == "curriculum":
-        from claims import loss_curve
-
         for i, arm in enumerate(["scratch", "curriculum_linear", "curriculum_1sqrt"]):
-            for j, (f, l) in enumerate(loss_curve(A[arm])):
+            for j, (f, l) in enumerate(A[arm].loss_curves()):
                 ax[0].plot(f, l, color=f"C{i}", lw=0.8, label=("constant rbar" if arm == "scratch" else arm)
                            if j == 0 else None)
         ax[0].set(xlabel="training FLOPs", ylabel="train loss (100-step mean)", yscale="log",

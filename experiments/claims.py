@@ -2,9 +2,9 @@
 The papers' claims, reproduced at CPU scale: one command trains every claim's arms under 3 seeds,
 evaluates them, and says for each claim whether it holds here, with the figures.
 
-    python claims.py                        # all eight claims (make claims)
-    python claims.py --claim supervision    # one claim (an arm that several claims share runs once)
-    python claims.py --list                 # the claims, their arms and the rule for "holds"
+    python -m experiments.claims                        # all eight claims (make claims)
+    python -m experiments.claims --claim supervision    # one claim (an arm that several claims share runs once)
+    python -m experiments.claims --list                 # the claims, their arms and the rule for "holds"
 
 The claims are those of McLeish et al. 2025 (arXiv 2511.07384, retrofitted recurrence), Geiping et al.
 2025 (arXiv 2502.05171, Huginn) and arXiv 2608.11233 (per-loop supervision); their figures are quoted in
@@ -39,12 +39,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from plumbing import claim_plots
+from experiments import claim_plots
 from plumbing.cli import git_commit
 from plumbing.guards import diverged
-from repeat import stats
+from experiments.repeat import stats
 
-REPO = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[1]
 SEEDS = "1337,2,3"
 TRAIN_K, EXTRAP_K = 6, 9  # the trained depth, and 1.5x it (arXiv 2608.11233's extrapolation range)
 LOOP_R = 32  # the loop's r against the baselines: the paper's (GSM8K at r = 32), fixed before looking at the results
@@ -138,6 +138,16 @@ class Arm:
             out.append(([r for r in recs if "loss" in r and "val" not in r], [r for r in recs if "val" in r]))
         return out
 
+    def loss_curves(self):
+        """Per seed: (cumulative FLOPs, train loss averaged over the last LOSS_WINDOW steps). The train loss, not the
+        validation loss: validation rows go to k = 12, and the loss on the depths nobody trains (the model confidently
+        wrong there) swings by ~1 nat between evaluations and seeds, hiding the trained depths' loss."""
+        curves, w = [], LOSS_WINDOW
+        for train, _ in self.logs():
+            loss = np.convolve([r["loss"] for r in train], np.ones(w) / w, mode="valid")
+            curves.append(([r["flops"] for r in train][w - 1:], loss.tolist()))
+        return curves
+
     def flops(self):
         return np.array([train[-1]["flops"] for train, _ in self.logs()])
 
@@ -190,17 +200,6 @@ def pretrained(A):
 LOSS_WINDOW = 100  # steps in the train-loss mean (r is drawn per step: a single step's loss is mostly its r)
 
 
-def loss_curve(arm):
-    """Per seed: (cumulative FLOPs, train loss averaged over the last LOSS_WINDOW steps). The train loss, not the
-    validation loss: validation rows go to k = 12, and the loss on the depths nobody trains (the model confidently
-    wrong there) swings by ~1 nat between evaluations and seeds, hiding the trained depths' loss."""
-    curves, w = [], LOSS_WINDOW
-    for train, _ in arm.logs():
-        loss = np.convolve([r["loss"] for r in train], np.ones(w) / w, mode="valid")
-        curves.append(([r["flops"] for r in train][w - 1:], loss.tolist()))
-    return curves
-
-
 def flops_to(curve, target):
     """FLOPs at which a val-loss curve first reaches target (linear between evaluations), or None."""
     f, l = curve
@@ -213,14 +212,14 @@ def flops_to(curve, target):
 
 
 def curriculum(A):
-    const = loss_curve(A["scratch"])
+    const = A["scratch"].loss_curves()
     rows, holds = {}, True
     for name in ("curriculum_linear", "curriculum_1sqrt"):
         ratios = []
-        for c, cur in zip(const, loss_curve(A[name])):  # seed by seed: the constant run's final loss is the target
+        for c, cur in zip(const, A[name].loss_curves()):  # seed by seed: the constant run's final loss is the target
             reached = flops_to(cur, c[1][-1])
             ratios.append(c[0][-1] / reached if reached else 0.0)  # 0: never reached it
-        rows[name] = {"flops_saving": fig(ratios), "final_train_loss": fig([cur[1][-1] for cur in loss_curve(A[name])])}
+        rows[name] = {"flops_saving": fig(ratios), "final_train_loss": fig([cur[1][-1] for cur in A[name].loss_curves()])}
         holds &= every(ratios, np.ones(len(ratios)))
     rows["scratch"] = {"final_train_loss": fig([c[1][-1] for c in const])}
     text = (f"FLOPs to the constant-rbar run's final train loss ({fmt(rows['scratch']['final_train_loss'], 3)}, 100-step mean), constant / curriculum: "
@@ -242,7 +241,7 @@ def best_lr(out, opt):
     """The sweep's arm (one seed) with the lowest final train loss (100-step mean), for optimizer opt; Muon's
     includes "scratch"."""
     names = [f"{opt}_lr{lr}" for lr in SWEEP[opt]] + (["scratch"] if opt == "muon" else [])
-    final = {n: loss_curve(Arm(out, n))[0][1][-1] for n in names}
+    final = {n: Arm(out, n).loss_curves()[0][1][-1] for n in names}
     return min(final, key=lambda n: final[n] if np.isfinite(final[n]) else np.inf), final
 
 
@@ -252,7 +251,7 @@ def optimizer(A):
         if name.startswith("_"):  # the best swept arms, under their own names already
             continue
         logs = a.logs()
-        rows[name] = {"final_train_loss": fig([c[1][-1] for c in loss_curve(a)]),
+        rows[name] = {"final_train_loss": fig([c[1][-1] for c in a.loss_curves()]),
                       "spikes": fig([spikes(tr) for tr, _ in logs]),
                       "max_grad_norm": fig([max(r["grad_norm"] for r in tr) for tr, _ in logs])}
     spk = lambda n: np.array(rows[n]["spikes"]["values"])
@@ -372,7 +371,7 @@ def run_arms(out, names, table, jobs, log_dir, seeds=SEEDS):
     def one(name):
         train_args, rep_args = table[name]
         rep = rep_args if "--seeds" in rep_args else ["--seeds", seeds, *rep_args]
-        sh([sys.executable, "repeat.py", "--out_dir", str(out / "arms" / name), *rep, "--", *train_args],
+        sh([sys.executable, "-m", "experiments.repeat", "--out_dir", str(out / "arms" / name), *rep, "--", *train_args],
            log_dir / f"{name}.log")
         return name
 
@@ -403,7 +402,7 @@ def main():
         return
     out = Path(args.out_dir)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    p, t0, command = paths(out), time.time(), shlex.join(["python", "claims.py", *sys.argv[1:]])
+    p, t0, command = paths(out), time.time(), shlex.join(["python", "-m", "experiments.claims", *sys.argv[1:]])
     table = arms(p, args.smoke)
     names = list(dict.fromkeys(a for c in chosen for a in CLAIMS[c][3]))
     names.sort(key=lambda n: n.startswith("text"))  # the slow SmolLM2 arms last
@@ -447,7 +446,7 @@ def report(args, out, chosen, command, t0):
         if missing or (name == "optimizer" and not best):
             print(f"claim {name}: not all arms finished ({', '.join(missing)}): not reported")
             rows.append(f"| {num}. {claim} | {paper} | not measured yet (arms {', '.join(missing)} unfinished) | - | "
-                        f"`python claims.py --claim {name}` |")
+                        f"`python -m experiments.claims --claim {name}` |")
             continue
         A = {a: Arm(out, a) for a in arm_names}
         if name == "optimizer":
@@ -461,7 +460,7 @@ def report(args, out, chosen, command, t0):
                    "train_seconds": sum(a.train_seconds() for k, a in A.items() if not k.startswith("_"))}
         (d / "summary.json").write_text(json.dumps(summary, indent=2))
         claim_plots.plot(name, A, measured, d / f"{name}.png", STEPS)
-        rows.append(f"| {num}. {claim} | {paper} | {text} | {'yes' if holds else 'no'} | `python claims.py --claim {name}` |")
+        rows.append(f"| {num}. {claim} | {paper} | {text} | {'yes' if holds else 'no'} | `python -m experiments.claims --claim {name}` |")
     md = (f"| claim | paper | measured here (mean ± std over {n} seeds) | holds here | command |\n|---|---|---|---|---|\n"
           + "\n".join(rows))
     (out / "claims.md").write_text(md + "\n")

@@ -8,11 +8,11 @@ init (from scratch), the batch order, the sampled r of each step and the s_0 dra
 evaluation's s_0 draws stay fixed, so the spread is the spread of training.
 
     python data/depth/prepare.py --out_dir data/depth
-    python repeat.py --out_dir out/seeds/depth --seeds 1337,2,3 -- --config config/cpu_depth.json --data data/depth
-    python repeat.py --out_dir out/seeds/depth_ss --seeds 1337,2,3 -- --config config/cpu_depth.json \\
+    python -m experiments.repeat --out_dir out/seeds/depth --seeds 1337,2,3 -- --config config/cpu_depth.json --data data/depth
+    python -m experiments.repeat --out_dir out/seeds/depth_ss --seeds 1337,2,3 -- --config config/cpu_depth.json \\
         --data data/depth --step_supervision
-    python repeat.py --compare out/demo/eval_depth out/demo/eval_retrofit_depth   # two evals side by side
-    python repeat.py --out_dir out/seeds/text --eval none -- --data data/sotu --max_iters 20   # text: val loss only
+    python -m experiments.repeat --compare out/demo/eval_depth out/demo/eval_retrofit_depth   # two evals side by side
+    python -m experiments.repeat --out_dir out/seeds/text --eval none -- --data data/sotu --max_iters 20   # text: val loss only
 Everything after `--` goes to train.py (per seed: --seed S --out_dir OUT/seed_S are added, and {seed} in
 an argument becomes S: a second phase continues each seed of the first, `-- --init OUT1/seed_{seed}`). Writes
 OUT/seed_S/ (the run and its eval/), OUT/summary.json (command, seeds, git commit, seconds, the
@@ -33,8 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from plumbing.cli import git_commit, int_list
+from plumbing.plots import pyplot
 
-REPO = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[1]
 
 
 def run(cmd):
@@ -116,23 +117,6 @@ def markdown(table, train_max_k, n_seeds):
         lines.append(f"| {name} | " + " | ".join(f"{table[k][r]['mean']:.3f} ± {table[k][r]['std']:.3f}"
                                                for r in rs) + " |")
     return "\n".join(lines)
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def save_figures(figs, out_dir):
-    """Write each (figure, file name) of figs as a PNG in out_dir and close it; returns the paths."""
-    for fig, name in figs:
-        fig.tight_layout()
-        fig.savefig(Path(out_dir) / name, dpi=120)
-        pyplot().close(fig)
-    return [Path(out_dir) / name for _, name in figs]
 
 
 def depth_panel(ax, curves, train_max_k, title):
@@ -224,7 +208,7 @@ def main():
     else:
         text = markdown(table, train_max_k, len(args.seeds))
     git = git_commit()
-    out = {"command": shlex.join(["python", "repeat.py", *argv]), "seeds": args.seeds, "git_commit": git or None,
+    out = {"command": shlex.join(["python", "-m", "experiments.repeat", *argv]), "seeds": args.seeds, "git_commit": git or None,
            "seconds": time.time() - t0, "train_max_k": train_max_k, "table": table, "markdown": text}
     (out_dir / "summary.json").write_text(json.dumps(out, indent=2))
     if args.eval == "none":
