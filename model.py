@@ -28,7 +28,7 @@ IGNORE_INDEX = -1  # target value that carries no loss (nanoGPT convention)
 
 
 # -----------------------------------------------------------------------------
-# helpers: RMSNorm and rotary embeddings
+# building blocks: RMSNorm and rotary embeddings
 
 
 class RMSNorm(nn.Module):

@@ -60,7 +60,7 @@ class Completion:
 @dataclass
 class DecodeOptions:
     """How generate() decodes: its keyword arguments (the defaults are here), checked, in one object
-    for the helpers."""
+    for the functions below."""
     max_new_tokens: int
     r: int  # core loops per token
     temperature: float = 0.0  # 0 = greedy

@@ -188,7 +188,7 @@ def check_args(args):
 
 
 # -----------------------------------------------------------------------------
-# named helpers: recurrence sampling, curriculum, lr schedule, per-loop weight, evaluation
+# small named functions: recurrence sampling, curriculum, lr schedule, per-loop weight, evaluation
 
 
 def sample_num_steps(step, mean_r, sigma=0.5, seed=0):

@@ -1,5 +1,5 @@
 """
-Shared helpers for the data sets: the on-disk format (nanoGPT-style flat .bin files plus
+What the data sets share: the on-disk format (nanoGPT-style flat .bin files plus
 meta.json) written by data/<set>/prepare.py and read by train.py and the eval scripts.
 
 Format (see notes in each prepare.py):

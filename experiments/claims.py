@@ -15,7 +15,7 @@ retrofit's "pretrained parent" is a tiny 8-layer static model pretrained here on
 seed): the paper's parents are pretrained LMs, ours knows one skill, composing S3 elements a few times, and
 the retrofit must learn to loop it (a cut (2,2,2) of it by surgery.py, whose [0 | I] adapter makes r = 1 the
 layer-dropped parent). The text half of claim 2 cuts the real SmolLM2-135M
-(the offline GGUF). A SmolLM2 retrofit on the depth task is issue-scale work (repeat.py, see README), too
+(the offline GGUF). A SmolLM2 retrofit on the depth task takes ~45 minutes a seed (make retrofit_depth), too
 slow for this command.
 
 "Holds" is decided per claim by a rule stated with it (usually: the effect has the paper's sign on every

@@ -20,7 +20,7 @@ starts from a Huginn snapshot and leaves its norm_3, norm_4 and freqs_cis behind
 which says what differs between them; the names are mapped explicitly by the tables below. What
 RecurrentGPT cannot express is refused with one line (RavenError), never approximated.
 
-    python -m plumbing.raven --load ../shared/fixtures/huginn_tiny          # print the mapped config
+    python -m plumbing.raven --load tomg-group-umd/huginn-0125            # print the mapped config (hub or local dir)
     python -m plumbing.raven --export out/smollm2 out/smollm2-raven         # same as surgery.py --export-raven
     python -m pytest -q tests/test_raven.py
 

@@ -14,8 +14,7 @@ Row layout (seq_len = test_k + 1 tokens, one row per problem):
 The answer tokens only ever appear as targets, never in the input: with plain next-token teacher
 forcing the input would show p_{t-1}, and each label would be a single composition p_{t-1} g_t,
 needing no depth at all. Here the model must compose all t elements itself. S3 is non-abelian,
-so the order matters (no counting shortcut); calibrated on this machine (shared/docs/reference.md
-section 5): an h=64 model learns it within minutes, and accuracy rises with test-time loops.
+so the order matters (no counting shortcut); calibrated on a 2-core CPU: an h=64 model learns it within minutes, and accuracy rises with test-time loops.
 Pointer chasing, mod-10 arithmetic and answer-only loss did not learn at that budget.
 
 Train rows all have exactly k = train_k: attention is causal, so a row of length K already

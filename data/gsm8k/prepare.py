@@ -23,7 +23,7 @@ evaluation only; val here is a held-out slice (--val_frac) of train.
 
 Run:
   python data/gsm8k/prepare.py --tokenizer smollm2 --answer_only              # from the hub
-  python data/gsm8k/prepare.py --jsonl ../shared/data/gsm8k/train.jsonl --answer_only --limit 500
+  python data/gsm8k/prepare.py --jsonl path/to/gsm8k/train.jsonl --answer_only --limit 500
 """
 
 import argparse
