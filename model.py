@@ -258,6 +258,8 @@ def loop_loss(logits, labels):
 
 
 class RecurrentGPT(nn.Module):
+    config_class = RecurrentConfig  # what from_pretrained builds from config.json
+
     def __init__(self, config):
         super().__init__()
         self.config = c = config
@@ -472,7 +474,7 @@ class RecurrentGPT(nn.Module):
     def save_pretrained(self, out_dir, extra_config=None):
         """Write out_dir in the format every script reads (plumbing/pretrained.py), which transformers loads too:
         AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=True)."""
-        from plumbing.pretrained import save  # here: plumbing imports model
+        from plumbing.pretrained import save  # lazily: a reader of the model needs no checkpoint code
 
         save(self, out_dir, extra_config)
 
@@ -507,4 +509,4 @@ class RecurrentGPT(nn.Module):
         surgery.load_model."""
         from plumbing.pretrained import load
 
-        return load(path, device, **overrides)
+        return load(cls, path, device, **overrides)

@@ -17,7 +17,6 @@ import math
 import os
 from dataclasses import asdict, fields
 
-from model import RecurrentConfig, RecurrentGPT
 from plumbing.cli import read_json
 from plumbing.hf_remote import write_remote_code
 
@@ -39,8 +38,9 @@ def save(model, out_dir, extra_config=None):
     write_json_atomic(os.path.join(out_dir, "config.json"), cfg)
 
 
-def load(path, device="cpu", **overrides):
-    """RecurrentGPT.from_pretrained: a directory written by save(); overrides replace config fields. Every problem
+def load(cls, path, device="cpu", **overrides):
+    """RecurrentGPT.from_pretrained: a directory written by save(), built as `cls` (RecurrentGPT, passed in so
+    that this file imports no model); overrides replace config fields. Every problem
     is a one-line FileNotFoundError or ValueError that says what to do."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -52,21 +52,21 @@ def load(path, device="cpu", **overrides):
     if cfg.get("model_type") != "nanorecur":
         raise ValueError(f"{path} is a {cfg.get('model_type')!r} checkpoint, not one of ours: load it with "
                          "surgery.load_model (every script's --init does)")
-    config = config_from_dict(cfg, **overrides)
+    config = config_from_dict(cls.config_class, cfg, **overrides)
     try:
         sd = load_file(os.path.join(path, "model.safetensors"))
     except (FileNotFoundError, SafetensorError, OSError) as err:
         raise ValueError(f"cannot read {path}/model.safetensors ({err}): rerun surgery.py or restore it") from None
     try:
-        return RecurrentGPT.from_state_dict(config, sd, device)
+        return cls.from_state_dict(config, sd, device)
     except ValueError as err:
         raise ValueError(f"{path}/model.safetensors: {err}") from None
 
 
-def config_from_dict(cfg, **overrides):
-    """RecurrentConfig from a config.json dict; keys that are not config fields are an error, except two
+def config_from_dict(config_class, cfg, **overrides):
+    """A config_class (RecurrentConfig) from a config.json dict; keys that are not config fields are an error, except two
     that older saves carry at the values that made them no-ops (state_scale = embed_scale, no iter_norm)."""
-    names = {f.name for f in fields(RecurrentConfig)}
+    names = {f.name for f in fields(config_class)}
     cfg = {k: v for k, v in {**cfg, **overrides}.items() if k not in HF_KEYS}
     if cfg.get("iter_norm") is False:
         del cfg["iter_norm"]
@@ -75,7 +75,7 @@ def config_from_dict(cfg, **overrides):
     unknown = sorted(set(cfg) - names)
     if unknown:
         raise ValueError(f"unknown config keys {unknown}: this config.json was not written by nanorecur")
-    return RecurrentConfig(**cfg)
+    return config_class(**cfg)
 
 
 def write_json_atomic(path, obj):
