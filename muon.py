@@ -16,7 +16,7 @@ a CPU without bf16 matrix units is slower than fp32. Here matrices of the same (
 stacked and orthogonalized together with torch.bmm / torch.baddbmm (in cache-sized stacks on CPU), in
 fp32 on CPU and bf16 on CUDA. A CPU with bf16 dot products (avx512_bf16, AMX) turns this around: there
 bf16 multiplies ~4x faster than fp32, and ns_dtype=torch.bfloat16 makes the step ~3x faster, as fast as
-torch's (bench_train, README). The CPU default stays fp32, the same numbers on every CPU.
+torch's (bench_train, RESULTS.md). The CPU default stays fp32, the same numbers on every CPU.
 
 Under FSDP2 (train.py --fsdp, plumbing/fsdp.py) every parameter is a DTensor holding one rank's rows of
 the matrix. Momentum, weight decay and the update are elementwise and run on those rows; Newton-Schulz

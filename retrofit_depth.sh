@@ -2,8 +2,8 @@
 # The retrofit on the depth task, whole, as one command (`make retrofit_depth`): the offline SmolLM2-135M cut
 # to (2,2,2), the S3 depth task in its own tokens, phase 1 (config/cpu_retrofit_depth.json: 400 steps at mean
 # r 4), phase 2 (config/cpu_retrofit_depth_phase2.json: 50 steps at mean r 16), then accuracy by (task depth k,
-# test loops r) on 1000 unseen rows per k. One seed (SEED, default 1337): the README's tables are three seeds of
-# the same two configs (repeat.py). On 2 idle cores it took 43 min 43 s (README, Quick start, item 2).
+# test loops r) on 1000 unseen rows per k. One seed (SEED, default 1337): RESULTS.md's tables are three seeds of
+# the same two configs (experiments/repeat.py). On 2 idle cores it took 43 min 43 s (RESULTS.md).
 # demo.sh runs a shortened version of it: STEPS=100 PHASE2_STEPS=0 (phase 1's first 100 steps only).
 #   bash retrofit_depth.sh                       # outputs in $OUT (default out/retrofit)
 #   STEPS=100 PHASE2_STEPS=0 OUT=out/demo bash retrofit_depth.sh

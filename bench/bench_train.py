@@ -10,7 +10,7 @@ MLP 1536, vocab 49152, tied head):
   3. step time with a no_grad prefix (r = 16, 32 at k = 8) vs the (6 N1 + 2 N2) prediction;
   4. Muon step time (muon.py, batched fp32 Newton-Schulz as train.py runs it on CPU, and the same in
      bf16) vs torch.optim.Muon (bf16) on the same matrices (goal <= 0.6x on CPU; a CPU with bf16 dot
-     products, where bf16 multiplies faster than fp32, does not reach it: README, Speed and memory).
+     products, where bf16 multiplies faster than fp32, does not reach it: RESULTS.md, "How fast is it").
 
     python bench/bench_train.py                  # all four, ~5 min on 2 cores
     python bench/bench_train.py --only muon      # one of: peak, memory, prefix, muon

@@ -60,7 +60,7 @@ def paths(out):
 
 
 # Training steps per arm family, chosen so that the whole command fits ~60 minutes on 2 idle cores (at 1000
-# steps for every tiny arm and 20 for the text arms it took 77 min, README "Claims"): from scratch (claims 1,
+# steps for every tiny arm and 20 for the text arms it took 77 min, RESULTS.md "Do the papers' claims hold"): from scratch (claims 1,
 # 3, 4), the retrofit and the baselines it is compared with at equal steps (claims 1, 2, 5-8), the SmolLM2 text
 # arms (claim 2, ~10 s a step on one thread).
 STEPS = {"scratch": 800, "retrofit": 500, "text": 10}

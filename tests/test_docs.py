@@ -1,0 +1,121 @@
+"""
+The documentation runs: every ```python block of README.md and RESULTS.md is executed here, in a fresh
+directory, and a block followed by "prints" and a code block must print exactly that. A block whose first
+line is `# needs: a GPU` or `# needs: the hub` is skipped (it says so to the reader too). Blocks that read
+`out/smollm2_2_2_2` get it from the README's own surgery command (the offline SmolLM2 GGUF).
+And the words a reader sees speak of the recipe, not of how the work on it was organized.
+
+    python -m pytest -q tests/test_docs.py
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = ("README.md", "RESULTS.md")
+SKIP = ("# needs: a GPU", "# needs: the hub")
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
+
+
+def python_blocks(name):
+    """[(first line number, code, expected stdout or None)] of a markdown file's python blocks."""
+    with open(os.path.join(REPO, name)) as f:
+        text = f.read()
+    fences = list(FENCE.finditer(text))
+    out = []
+    for i, m in enumerate(fences):
+        if m.group(1) != "python":
+            continue
+        expected = None
+        if i + 1 < len(fences) and fences[i + 1].group(1) == "":
+            between = text[m.end():fences[i + 1].start()].strip()
+            if between.startswith("prints"):
+                expected = fences[i + 1].group(2)
+        out.append((text.count("\n", 0, m.start()) + 1, m.group(2), expected))
+    return out
+
+
+def test_blocks_are_found():
+    # the README teaches by its python walk-through and the transformers snippet: a parser that finds
+    # nothing would pass every doc test below vacuously
+    blocks = python_blocks("README.md")
+    assert len(blocks) >= 2 and any(expected for _, _, expected in blocks)
+
+
+CASES = [pytest.param(name, line, code, expected, id=f"{name}:{line}")
+         for name in DOCS for line, code, expected in python_blocks(name)]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("docs")
+
+
+def run(args, cwd, timeout=600):
+    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def needs_surgery(workdir, code):
+    # the README's step 1, run as written (into this test's directory)
+    if "out/smollm2_2_2_2" in code and not os.path.isdir(workdir / "out" / "smollm2_2_2_2"):
+        res = run([sys.executable, os.path.join(REPO, "surgery.py"), "--init=smollm2", "--shape", "2,2,2",
+                   "--out", "out/smollm2_2_2_2"], workdir)
+        assert res.returncode == 0, res.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, line, code, expected", CASES)
+def test_python_block_runs(workdir, name, line, code, expected):
+    if code.startswith(SKIP):
+        pytest.skip(code.splitlines()[0])
+    needs_surgery(workdir, code)
+    res = run([sys.executable, "-c", code], workdir)
+    assert res.returncode == 0, f"{name} line {line} failed:\n{res.stderr[-3000:]}"
+    if expected is not None:
+        assert res.stdout == expected, f"{name} line {line} printed\n{res.stdout}\ninstead of\n{expected}"
+
+
+# words about how the work was organized, and paths to files outside the repository
+PROCESS = re.compile(r"\b(issues?|helpers?|aims?)\b|\.\./shared|reference\.md", re.I)
+
+
+def reader_files():
+    """What a reader sees: the docs, the code and its docstrings, the configs, the scripts (tests' own
+    docstrings may say where their fixtures come from; their names may not speak of the work)."""
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    keep = lambda f: (f.endswith((".md", ".py", ".json", ".sh", ".txt")) or f == "Makefile") and not f.startswith("tests/")
+    return [f for f in files if keep(f) and os.path.isfile(os.path.join(REPO, f))]
+
+
+def test_no_process_words():
+    hits = []
+    for f in reader_files():
+        with open(os.path.join(REPO, f), errors="replace") as fh:
+            for n, line in enumerate(fh, 1):
+                if PROCESS.search(line):
+                    hits.append(f"{f}:{n}: {line.strip()[:100]}")
+    assert not hits, "\n".join(hits[:20])
+
+
+def test_no_process_words_in_test_names():
+    names = subprocess.run(["git", "ls-files", "tests"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    bad = []
+    for f in names:
+        if not f.endswith(".py"):
+            continue
+        bad += [f"{f}: {m}" for m in re.findall(r"def (test\w*)", open(os.path.join(REPO, f)).read())
+                if PROCESS.search(m.replace("_", " "))]
+        if PROCESS.search(os.path.basename(f).replace("_", " ")):
+            bad.append(f)
+    assert not bad, bad
+
+
+def test_process_pattern_catches_what_it_should():
+    assert PROCESS.search("as the issue asked") and PROCESS.search("see ../shared/data") and PROCESS.search("The aim")
+    assert not PROCESS.search("the claim holds") and not PROCESS.search("tissue")
