@@ -111,7 +111,6 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, config.n_kv_head * hd, bias=config.attn_bias)
         self.v_proj = nn.Linear(h, config.n_kv_head * hd, bias=config.attn_bias)
         self.o_proj = nn.Linear(config.n_head * hd, h, bias=False)
-        self.qkv = None  # q, k and v as one product for decoding, set by plumbing/device.py matvec_layout
         self.qk_norm = config.qk_norm
         if config.qk_norm:
             self.q_norm = RMSNorm(config.n_head * hd, config.norm_eps)
@@ -120,20 +119,13 @@ class Attention(nn.Module):
     def forward(self, x, rope, mask=None, cache=None, key=None):
         B, T, _ = x.shape
         nh, nkv, hd = self.n_head, self.n_kv_head, self.head_dim
-        if self.qkv is not None and not torch.is_grad_enabled():
-            # decoding (plumbing/device.py matvec_layout): q, k and v in one product, and the nh + nkv heads of q and
-            # k rotated in one pass, the same products as below in fewer ops
-            qkv = self.qkv(x).view(B, T, nh + 2 * nkv, hd).transpose(1, 2)  # (B, nh + 2 nkv, T, hd)
-            qk = apply_rope(qkv[:, :nh + nkv], *rope)
-            q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv:]
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-            if self.qk_norm:  # OLMo-2 normalizes the whole projection, before the head split
-                q, k = self.q_norm(q), self.k_norm(k)
-            q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
-            k = k.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
-            v = v.view(B, T, nkv, hd).transpose(1, 2)
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.qk_norm:  # OLMo-2 normalizes the whole projection, before the head split
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = k.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        v = v.view(B, T, nkv, hd).transpose(1, 2)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         y = attend(q, k, v, mask) if cache is None else attend_cached(q, k, v, mask, cache, key)  # (B, nh, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
@@ -146,14 +138,9 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
-        self.gate_up = None  # gate and up as one product for decoding, as Attention's qkv
 
     def forward(self, x):
-        if self.gate_up is not None and not torch.is_grad_enabled():
-            gate, up = self.gate_up(x).chunk(2, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):

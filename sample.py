@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from plumbing.cli import THREADS_HELP, Parser, at_least, default_threads, str2bool
-from plumbing.device import AUTOCAST, autocast_context, compile_blocks, matvec_layout  # noqa: F401 (matvec_layout: sample.matvec_layout for callers)
+from plumbing.decode import matvec_layout
+from plumbing.device import AUTOCAST, autocast_context, compile_blocks
 from plumbing.kv_cache import KVCache, WriteRows
 from plumbing.tokenizer import prompt_ids, stop_ids
 

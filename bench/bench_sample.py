@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plumbing.device import Matvec  # noqa: E402
+from plumbing.decode import Matvec  # noqa: E402
 from plumbing.kv_cache import KVCache  # noqa: E402
 from sample import EXIT_THRESHOLDS, CachedForward, ExitRule, generate, matvec_layout  # noqa: E402
 
