@@ -33,6 +33,7 @@ import math
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -49,51 +50,58 @@ from muon import Muon
 
 # -----------------------------------------------------------------------------
 # defaults: the offline CPU run. Every key can be set by --config FILE (JSON) or --key=value / --key value.
-# One table of (default, what it means): DEFAULTS and the --help texts are both read off it.
-FLAGS = dict(
-    config=("", "JSON file of defaults; command-line flags override it"),
-    # model
+# One table of (default, what it means[, the values allowed]): DEFAULTS, the --help texts and the choices are all
+# read off it. --help lists the recipe's flags first, then those of the run.
+RECIPE_FLAGS = dict(
+    # the model: the parent and its cut
     init=("smollm2", 'parent (short name, hub id, dir, .gguf), a checkpoint dir to continue from, or "scratch"'),
     shape=("6,8,6", "P,R,C: prelude, core, coda layers (a mild cut of SmolLM2's 30 layers)"),
     layers=("", "explicit parent layer map, e.g. 0-3,6-11,12-15 (overrides --shape)"),
     static=(False, "the non-recurrent baseline: the same layers run once (P+R+C = all layers: the whole parent)"),
-    adapter_init=("identity", "identity [0 | I] (r=1 equals the layer-dropped parent) | sum | random"),
-    state_init=("", 's_0: normal | zero | embed; "" keeps the model\'s own'),
+    adapter_init=("identity", "identity [0 | I] (r=1 equals the layer-dropped parent) | sum | random",
+                  ("identity", "sum", "random")),
+    state_init=("", 's_0: normal | zero | embed; "" keeps the model\'s own', ("", "normal", "zero", "embed")),
     untie=(False, "untie the head from the embedding (the published retrofits do)"),
     n_embd=(64, "--init=scratch: width h"),
     n_head=(4, "--init=scratch: attention heads"),
     n_kv_head=(0, "--init=scratch: key/value heads (0: n_head)"),
     intermediate_size=(0, "--init=scratch: MLP width (0: 4 n_embd)"),
-    # data
-    data=("data/sotu", "a prepared data dir (data/*/prepare.py)"),
-    out_dir=("out", "checkpoint, log.jsonl, loss.png (nanoGPT's out/: where sample.py looks by default)"),
-    batch_size=(4, "micro-batch rows per rank"),
-    block_size=(256, "tokens per row (row data uses its seq_len)"),
-    total_batch_tokens=(0, "tokens per optimizer step over all ranks (gradient accumulation); 0 = one micro-batch"),
-    # optimization
+    # the recipe: recurrence
+    mean_recurrence=(4, "rbar: each step draws r = Poisson(exp(tau)) + 1, E[exp(tau)] = rbar"),
+    recurrence_sigma=(0.5, "std of tau, tau ~ N(log rbar - sigma^2/2, sigma)"),
+    backprop_depth=(8, "k: only the last k loops keep activations (truncated backprop through depth)"),
+    curriculum=("constant", "rbar over the first --curriculum_frac of max_iters: constant | linear | 1-sqrt",
+                ("constant", "linear", "1-sqrt")),
+    curriculum_frac=(0.25, "fraction of max_iters that the curriculum takes to reach --mean_recurrence"),
+    step_supervision=(False, "per-loop readout loss (arXiv 2608.11233; needs DIR/train_step.bin, e.g. data/depth)"),
+    step_supervision_anneal=(0.0, "last fraction of steps fading to outcome-only loss"),
+    # the recipe: optimization
     max_iters=(100, "optimizer steps"),
-    optimizer=("muon", "muon (paper: Muon on block matrices and adapter, AdamW on the rest) | adamw (AdamW on all)"),
+    optimizer=("muon", "muon (paper: Muon on block matrices and adapter, AdamW on the rest) | adamw (AdamW on all)",
+               ("muon", "adamw")),
     learning_rate=(1e-3, "Muon's peak lr"),
     adam_lr=(5e-5, "AdamW's peak lr (embeddings, head, norms, biases; everything with --optimizer adamw)"),
     weight_decay=(1e-4, "decoupled weight decay of both optimizers"),
     beta1=(0.9, "AdamW beta1"),
     beta2=(0.95, "AdamW beta2"),
     muon_momentum=(0.95, "Muon's momentum"),
-    muon_adjust_lr=("original", "torch.optim.Muon's adjust_lr_fn: original | match_rms_adamw"),
+    muon_adjust_lr=("original", "torch.optim.Muon's adjust_lr_fn: original | match_rms_adamw",
+                    ("original", "match_rms_adamw")),
     warmup_iters=(10, "warmup-stable-decay: steps of linear warmup"),
     decay_frac=(0.2, "warmup-stable-decay: last fraction of max_iters with linear decay"),
     min_lr_frac=(0.0, "warmup-stable-decay: the lr at the end, as a fraction of the peak"),
     grad_clip=(1.0, "clip the gradient norm to this; 0 = no clipping"),
-    freeze=("none", "none | base (only the adapter, and norms with --train_norms, train)"),
+    freeze=("none", "none | base (only the adapter, and norms with --train_norms, train)", ("none", "base")),
     train_norms=(False, "with --freeze base: the RMSNorm weights train too"),
-    # recurrence
-    mean_recurrence=(4, "rbar: each step draws r = Poisson(exp(tau)) + 1, E[exp(tau)] = rbar"),
-    recurrence_sigma=(0.5, "std of tau, tau ~ N(log rbar - sigma^2/2, sigma)"),
-    backprop_depth=(8, "k: only the last k loops keep activations (truncated backprop through depth)"),
-    curriculum=("constant", "rbar over the first --curriculum_frac of max_iters: constant | linear | 1-sqrt"),
-    curriculum_frac=(0.25, "fraction of max_iters that the curriculum takes to reach --mean_recurrence"),
-    step_supervision=(False, "per-loop readout loss (arXiv 2608.11233; needs DIR/train_step.bin, e.g. data/depth)"),
-    step_supervision_anneal=(0.0, "last fraction of steps fading to outcome-only loss"),
+)
+RUN_FLAGS = dict(
+    config=("", "JSON file of defaults; command-line flags override it"),
+    # data
+    data=("data/sotu", "a prepared data dir (data/*/prepare.py)"),
+    out_dir=("out", "checkpoint, log.jsonl, loss.png (nanoGPT's out/: where sample.py looks by default)"),
+    batch_size=(4, "micro-batch rows per rank"),
+    block_size=(256, "tokens per row (row data uses its seq_len)"),
+    total_batch_tokens=(0, "tokens per optimizer step over all ranks (gradient accumulation); 0 = one micro-batch"),
     # evaluation, logging, system
     eval_interval=(50, "evaluate (and save) every N steps, and at the end"),
     eval_iters=(2, "validation batches per r"),
@@ -104,7 +112,7 @@ FLAGS = dict(
     compile=(False, "torch.compile the blocks, CPU or CUDA (plumbing/device.py compile_blocks); off by default"),
     fsdp=(False, "under torchrun: shard weights, gradients and optimizer states over the ranks (FSDP2, "
                  "plumbing/fsdp.py) instead of DDP's full copy on each; for parents DDP cannot hold"),
-    autocast=("auto", "bf16 autocast, fp32 weights: auto (on CUDA; fp32 on CPU) | bf16 (the CPU too) | off"),
+    autocast=("auto", "bf16 autocast, fp32 weights: auto (on CUDA; fp32 on CPU) | bf16 (the CPU too) | off", AUTOCAST),
     seed=(1337, "seeds the data order, r and s_0 draws, and a scratch model's init"),
     resume=(False, "continue the run in --out_dir exactly where it stopped, with its flags: only max_iters, eval_*, "
                    "log_interval, ckpt_minutes, device, compile, max_bad_steps, diverge_*, peak_flops may differ"),
@@ -118,7 +126,9 @@ FLAGS = dict(
     push_to_hub=("", "namespace/name: at the end, upload out_dir (weights, config, tokenizer, model card) there"),
     private=(False, "with --push_to_hub: create the repo private"),
 )
-DEFAULTS = {key: default for key, (default, _) in FLAGS.items()}
+FLAGS = {**RECIPE_FLAGS, **RUN_FLAGS}
+DEFAULTS = {key: default for key, (default, *_) in FLAGS.items()}
+CHOICES = {key: entry[2] for key, entry in FLAGS.items() if len(entry) > 2}
 # --resume continues the run as it was: every key must equal the run's saved value (config.json, "train"),
 # except these, which change neither the model nor the optimizer (max_iters does move the decay and the
 # curriculum that are fractions of it: that is how a run is extended)
@@ -131,21 +141,21 @@ class TrainError(Exception):
     """An expected failure (bad flag, missing data, mismatched tokenizer): printed as one line."""
 
 
-CHOICES = {"optimizer": ("muon", "adamw"), "curriculum": ("constant", "linear", "1-sqrt"), "freeze": ("none", "base"),
-           "state_init": ("", "normal", "zero", "embed"), "adapter_init": ("identity", "sum", "random"),
-           "muon_adjust_lr": ("original", "match_rms_adamw"), "autocast": AUTOCAST}
-
-
 def parse_args(argv=None):
     """DEFAULTS <- --config FILE <- command line. Unknown keys anywhere are an error; flag values are
     checked here (check_args), before any data or model loads."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    for key, (value, text) in FLAGS.items():
-        text = text.replace("%", "%%") + " (default: %(default)r)"  # argparse %-formats help texts
-        if isinstance(value, bool):  # --static, --static=true, --static false
-            parser.add_argument(f"--{key}", type=str2bool, nargs="?", const=True, default=value, help=text)
-        else:
-            parser.add_argument(f"--{key}", type=type(value), default=value, help=text)
+    for title, flags in (("the recipe", RECIPE_FLAGS), ("the run", RUN_FLAGS)):
+        group = parser.add_argument_group(title)
+        for key, (value, text, *choices) in flags.items():
+            text = text.replace("%", "%%") + " (default: %(default)r)"  # argparse %-formats help texts
+            if isinstance(value, bool):  # --static, --static=true, --static false
+                group.add_argument(f"--{key}", type=str2bool, nargs="?", const=True, default=value, help=text)
+            else:
+                # the allowed values shown as argparse shows choices; check_args refuses others in one line,
+                # from the command line or a --config file alike
+                metavar = "{" + ",".join(map(repr, choices[0])) + "}" if choices else None
+                group.add_argument(f"--{key}", type=type(value), default=value, help=text, metavar=metavar)
     first, _ = parser.parse_known_args(argv)
     if first.config:
         try:
@@ -406,6 +416,16 @@ def start(args, meta, device, master):
     return model, opts, split, tok_src, (state.get("step", 0), state.get("flops", 0.0), levels)
 
 
+def run_info(model, world, grad_accum, tokens_per_step, device, split):
+    """The run's record in log.jsonl. What a seed does not fix: the same seed and command give the same numbers
+    only on the same kind of CPU, torch build and thread count (BLAS kernels differ in their rounding by
+    instruction set), so the run records them."""
+    return {"git": git_commit(short=True), "torch": torch.__version__, "world_size": world, "grad_accum": grad_accum,
+            "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "tokens_per_step": tokens_per_step, "device": str(device), "params": model.param_counts(),
+            "optimizer_split": {k: len(v) for k, v in split.items()}}
+
+
 def accumulation(args, T, world):
     """Tokens per optimizer step over all ranks, and the micro-batches each rank runs for it."""
     micro_tokens = args.batch_size * T
@@ -416,111 +436,138 @@ def accumulation(args, T, world):
 
 
 # -----------------------------------------------------------------------------
+# the loop, phase by phase: evaluate (and maybe save), train_step, the guards and the update, log_step
+
+
+def should_save(run, at_eval, due=False, sound=True):
+    """The whole saving rule. Never the step just loaded (its save is on disk) nor right after skipped steps
+    (bad_in_row): the weights must have trained since. At every eval, whose val loss vouches for the weights
+    (evaluate() stops a diverged run before this). Between evals once --ckpt_minutes have passed (due), but only
+    when the next step's loss showed the weights sound (no NaN, no spike): the default CPU run (1-3 min a step
+    on 2 shared cores, evals every 50 steps) has a checkpoint within minutes, not after an hour or two."""
+    return run.step > run.start_step and run.bad_in_row == 0 and (at_eval or (due and sound))
+
+
+def train_step(run, args):
+    """Forward and backward of one optimizer step: the lr schedule, the step's r (the same on every rank, seeded
+    by the step), truncated backprop through the last --backprop_depth loops, gradient accumulation, clipping.
+    The update itself waits for the guards (apply_update). Returns what they and the log need."""
+    step, model = run.step, run.model
+    lr_mult = get_lr(step, args.max_iters, args.warmup_iters, args.decay_frac, args.min_lr_frac)
+    mean_r = mean_recurrence_at(step, args.max_iters, args.mean_recurrence, args.curriculum, args.curriculum_frac)
+    for g in (g for o in run.opts for g in o.param_groups):
+        g["lr"] = g["peak_lr"] * lr_mult
+    r = sample_num_steps(step, mean_r, args.recurrence_sigma, args.seed) if model.config.recurrent else 1
+    num_steps = (max(r - args.backprop_depth, 0), min(r, args.backprop_depth))  # (no-grad loops, grad loops)
+    w = depth_weight_at(step, args)
+    rows = batch_rows(step, args.batch_size * run.world * run.grad_accum, run.train_data["n"], args.seed)
+    seeds, T_step = state_seeds(step, len(rows), args.seed), labeled_length(run.train_data, rows)
+    loss_sum = torch.zeros((), device=run.device)
+    for micro in range(run.grad_accum):
+        at = (micro * run.world + run.rank) * args.batch_size
+        mine = slice(at, at + args.batch_size)
+        x, y, depths = get_batch(run.train_data, rows[mine], run.device, T_step)
+        # DDP all-reduces in the last micro-batch's backward only; the head reads out at labeled positions only
+        last = micro == run.grad_accum - 1
+        with (run.ddp_model.no_sync() if run.wrap and not last else contextlib.nullcontext()), run.autocast:
+            loss = run.ddp_model(x, y, num_steps, seeds=seeds[mine], depths=depths, depth_weight=w,
+                                 labeled_only=True)[1] / run.grad_accum
+        loss.backward()
+        loss_sum += loss.detach()
+    if run.ddp:
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.trainable, args.grad_clip if args.grad_clip > 0 else float("inf"))
+    return dict(loss=loss_sum.item(), grad_norm=grad_norm.item(), r=r, mean_r=mean_r, lr_mult=lr_mult, w=w,
+                T_step=T_step)
+
+
+def apply_update(run, out, bad, args):
+    """The optimizer step, skipped for a NaN/inf step (grads are the same on every rank after the all-reduce);
+    then the collapse guard: a blown-up or dead model is never evaluated, saved or trained on."""
+    run.bad_in_row = run.bad_in_row + 1 if bad else 0
+    norm_before = guards.weight_norm(run.trainable) if not bad and not args.fsdp else None
+    for o in run.opts:
+        if not bad:
+            o.step()
+        o.zero_grad(set_to_none=True)
+    run.step += 1
+    if norm_before is not None:
+        guards.check_collapse(run.step, out["loss"], out["grad_norm"], norm_before, guards.weight_norm(run.trainable),
+                              args.collapse_factor, args.out_dir)
+
+
+def log_step(run, out, dt, bad, args):
+    """Count the step's tokens and FLOPs (row data cut to its labeled columns counts only those), print and log
+    its line, and after the first three steps say how long the rest will take. Returns the log record."""
+    per_token, total = run.model.flops_per_token(out["r"], args.backprop_depth), run.tokens_per_step
+    step_flops = per_token * total * out["T_step"] // run.T
+    run.tokens, run.flops = run.tokens + total, run.flops + step_flops
+    run.timed_s, run.timed_flops = run.timed_s + dt, run.timed_flops + per_token * total
+    rec = {"step": run.step, "loss": out["loss"], "r": out["r"], "mean_r": out["mean_r"], "tokens": run.tokens,
+           "flops": run.flops, "tokens_per_sec": total / dt, "lr_mult": out["lr_mult"], "grad_norm": out["grad_norm"],
+           "dt": dt, "elapsed": time.time() - run.t_start,
+           **({"step_weight": out["w"]} if args.step_supervision else {}),
+           **({"mfu": step_flops / dt / (args.peak_flops * run.world)} if args.peak_flops > 0 else {}),
+           **({"skipped": True} if bad else {})}
+    if run.master:
+        run_dir.report(run.log, run.bar, rec, args.log_interval, run.bad_in_row)
+        if run.step == run.start_step + 3 and run.step < args.max_iters:  # the first steps set the pace
+            ahead = time_ahead(run.model, args, run.step, total, run.timed_s / run.timed_flops, run.eval_s)
+            run.bar.write(run_dir.pace(ahead, args.max_iters - run.step, run.timed_s / 3, run.eval_s))
+    return rec
 
 
 def train(args):
     if args.fsdp:
         from plumbing import fsdp
     ddp, rank, world, device, autocast = setup(args.device, args.autocast)  # torchrun's ranks or one process; dtype
-    master = rank == 0
-    run_lock = run_dir.claim(args.out_dir, master)  # out_dir writable, and this process its only owner
+    run = SimpleNamespace(ddp=ddp, rank=rank, world=world, device=device, autocast=autocast, master=rank == 0)
+    run_lock = run_dir.claim(args.out_dir, run.master)  # out_dir writable, and this process its only owner
     # data first: its vocabulary sizes a scratch model, and its fingerprint must match the model's tokenizer
-    train_data, val_data = load_data(args)
-    meta, T = train_data["meta"], train_data["T"]
-    model, opts, split, tok_src, (step, flops_seen, levels) = start(args, meta, device, master)
+    run.train_data, val_data = load_data(args)
+    meta, run.T = run.train_data["meta"], run.train_data["T"]
+    model, run.opts, split, tok_src, (step, run.flops, run.levels) = start(args, meta, device, run.master)
     # nanoGPT's wrap: the forward runs through DDP, which all-reduces the gradients in backward (a --fsdp model,
     # sharded in start, reduce-scatters them itself)
-    wrap = ddp and not args.fsdp
-    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if wrap else model
-    total, grad_accum = accumulation(args, T, world)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    # what a seed does not fix: the same seed and command give the same numbers only on the same kind of CPU, torch
-    # build and thread count (BLAS kernels differ in their rounding by instruction set), so the run records them
-    run_info = {"git": git_commit(short=True), "torch": torch.__version__, "world_size": world, "grad_accum": grad_accum,
-                "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                "tokens_per_step": total, "device": str(device), "params": model.param_counts(),
-                "optimizer_split": {k: len(v) for k, v in split.items()}}
+    run.model, run.wrap = model, ddp and not args.fsdp
+    run.ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if run.wrap else model
+    run.tokens_per_step, run.grad_accum = accumulation(args, run.T, world)
+    run.trainable = [p for p in model.parameters() if p.requires_grad]
+    info = run_info(model, world, run.grad_accum, run.tokens_per_step, device, split)
     save = lambda s: (fsdp.save_checkpoint if args.fsdp else run_dir.save_checkpoint)(
-        model, opts, s, args, meta["fingerprint"], flops_seen, levels, run_info, schedule_at(s, args))
-    saver = master or args.fsdp  # who evaluates and saves: the master, or under --fsdp every rank (each holds a shard)
-    log = run_dir.start_log(args, step, run_info, tok_src) if master else None
-    bar = tqdm(total=args.max_iters, initial=step, disable=None if master else True, dynamic_ncols=True)  # None: off without a TTY
-    start_step, tokens_seen, bad_in_row, t_start = step, step * total, 0, time.time()
-    t_saved, timed_s, timed_flops, eval_s = t_start, 0.0, 0.0, 0.0  # the checkpoint timer; the pace so far
+        model, run.opts, s, args, meta["fingerprint"], run.flops, run.levels, info, schedule_at(s, args))
+    saver = run.master or args.fsdp  # who evaluates and saves: the master, or under --fsdp every rank (its shard)
+    run.log = run_dir.start_log(args, step, info, tok_src) if run.master else None
+    run.bar = tqdm(total=args.max_iters, initial=step, disable=None if run.master else True, dynamic_ncols=True)
+    run.step, run.start_step, run.tokens, run.bad_in_row = step, step, step * run.tokens_per_step, 0
+    run.t_start = run.t_saved = time.time()  # the run's clock, and the checkpoint timer's
+    run.timed_s, run.timed_flops, run.eval_s = 0.0, 0.0, 0.0  # the pace so far
     while True:
         # evaluate and save; a resumed run's first step was evaluated (and logged) before its save
-        evaluating = (step % args.eval_interval == 0 or step == args.max_iters) and not (args.resume and step == start_step)
+        evaluating = (run.step % args.eval_interval == 0 or run.step == args.max_iters) and \
+            not (args.resume and run.step == run.start_step)
         if evaluating and saver:
-            eval_s = evaluate(model, val_data, args, device, autocast, step, levels, log, bar)
-        # save at every eval, and between evals every --ckpt_minutes: the default CPU run (1-3 min a step on 2 shared
-        # cores, evals every 50 steps) has a checkpoint within minutes, not after an hour or two. An eval's val loss
-        # vouches for the weights it saves; a save between evals waits for the next step's loss (below)
-        if saver and evaluating and step > start_step and bad_in_row == 0:  # not the step just loaded, nor after skips
-            t_saved = save(step)
-        save_due = not evaluating and args.ckpt_minutes > 0 and time.time() - t_saved >= 60 * args.ckpt_minutes
-        save_due = fsdp.from_master(save_due) if args.fsdp else save_due  # every rank saves, on the master's clock
-        if step >= args.max_iters:
+            run.eval_s = evaluate(model, val_data, args, device, autocast, run.step, run.levels, run.log, run.bar)
+        if saver and should_save(run, at_eval=evaluating):
+            run.t_saved = save(run.step)
+        due = not evaluating and args.ckpt_minutes > 0 and time.time() - run.t_saved >= 60 * args.ckpt_minutes
+        due = fsdp.from_master(due) if args.fsdp else due  # every rank saves, on the master's clock
+        if run.step >= args.max_iters:
             break
-
-        # one optimizer step: lr schedule, the step's r (same on every rank), grad accumulation
         t0 = time.time()
-        lr_mult = get_lr(step, args.max_iters, args.warmup_iters, args.decay_frac, args.min_lr_frac)
-        mean_r = mean_recurrence_at(step, args.max_iters, args.mean_recurrence, args.curriculum, args.curriculum_frac)
-        for g in (g for o in opts for g in o.param_groups):
-            g["lr"] = g["peak_lr"] * lr_mult
-        r = sample_num_steps(step, mean_r, args.recurrence_sigma, args.seed) if model.config.recurrent else 1
-        num_steps = (max(r - args.backprop_depth, 0), min(r, args.backprop_depth))  # (no-grad loops, grad loops)
-        w = depth_weight_at(step, args)
-        rows = batch_rows(step, args.batch_size * world * grad_accum, train_data["n"], args.seed)
-        seeds, T_step = state_seeds(step, len(rows), args.seed), labeled_length(train_data, rows)
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(grad_accum):
-            mine = slice((micro * world + rank) * args.batch_size, (micro * world + rank + 1) * args.batch_size)
-            x, y, depths = get_batch(train_data, rows[mine], device, T_step)
-            # DDP all-reduces in the last micro-batch's backward only; the head reads out at labeled positions only
-            with (ddp_model.no_sync() if wrap and micro < grad_accum - 1 else contextlib.nullcontext()), autocast:
-                loss = ddp_model(x, y, num_steps, seeds=seeds[mine], depths=depths, depth_weight=w,
-                                 labeled_only=True)[1] / grad_accum
-            loss.backward()
-            loss_sum += loss.detach()
-        if ddp:
-            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, args.grad_clip if args.grad_clip > 0 else float("inf"))
-        bad = not (math.isfinite(loss_sum.item()) and math.isfinite(grad_norm.item()))
-        spike = guards.spiked(levels, loss_sum.item(), bad, args.diverge_factor)  # never saved; a few in a row stop
-        if saver and save_due and not bad and not spike and step > start_step and bad_in_row == 0:
-            t_saved = save(step)  # the weights of `step` before this update, now that their loss showed they did not diverge
-        bad_in_row = bad_in_row + 1 if bad else 0  # skip: no update; grads are identical on every rank after the all-reduce
-        norm_before = guards.weight_norm(trainable) if not bad and not args.fsdp else None  # for the collapse guard
-        for o in opts:
-            if not bad:
-                o.step()
-            o.zero_grad(set_to_none=True)
-        step += 1
-        if norm_before is not None:  # a blown-up or dead model is never evaluated, saved or trained on
-            guards.check_collapse(step, loss_sum.item(), grad_norm.item(), norm_before, guards.weight_norm(trainable),
-                                  args.collapse_factor, args.out_dir)
+        out = train_step(run, args)
+        bad = not (math.isfinite(out["loss"]) and math.isfinite(out["grad_norm"]))
+        spike = guards.spiked(run.levels, out["loss"], bad, args.diverge_factor)  # never saved; a few in a row stop
+        if saver and should_save(run, at_eval=False, due=due, sound=not bad and not spike):
+            run.t_saved = save(run.step)  # the weights of this step before its update, their loss now seen
+        apply_update(run, out, bad, args)
         if device.type == "cuda":
             torch.cuda.synchronize()
-        dt = time.time() - t0
-        # FLOPs of the tokens processed: row data cut to its labeled columns counts only those
-        step_flops = model.flops_per_token(r, args.backprop_depth) * total * T_step // T
-        tokens_seen, flops_seen = tokens_seen + total, flops_seen + step_flops
-        timed_s, timed_flops = timed_s + dt, timed_flops + model.flops_per_token(r, args.backprop_depth) * total
-        rec = {"step": step, "loss": loss_sum.item(), "r": r, "mean_r": mean_r, "tokens": tokens_seen,
-               "flops": flops_seen, "tokens_per_sec": total / dt, "lr_mult": lr_mult, "grad_norm": grad_norm.item(),
-               "dt": dt, "elapsed": time.time() - t_start, **({"step_weight": w} if args.step_supervision else {}),
-               **({"mfu": step_flops / dt / (args.peak_flops * world)} if args.peak_flops > 0 else {}),
-               **({"skipped": True} if bad else {})}
-        if master:
-            run_dir.report(log, bar, rec, args.log_interval, bad_in_row)
-        if master and step == start_step + 3 and step < args.max_iters:  # the first steps set the pace: say what is ahead
-            ahead = time_ahead(model, args, step, total, timed_s / timed_flops, eval_s)
-            bar.write(run_dir.pace(ahead, args.max_iters - step, timed_s / 3, eval_s))
-        guards.track(levels, rec, bad, spike, bad_in_row, args)  # stop on NaNs or a divergence; the running level
-    bar.close()
-    if master:  # loss.png and the last lines; the lock goes
-        run_dir.finish(log, run_lock, args.out_dir, start_step, step, time.time() - t_start)
+        rec = log_step(run, out, time.time() - t0, bad, args)
+        guards.track(run.levels, rec, bad, spike, run.bad_in_row, args)  # stop on NaNs or a divergence
+    run.bar.close()
+    if run.master:  # loss.png and the last lines; the lock goes
+        run_dir.finish(run.log, run_lock, args.out_dir, run.start_step, run.step, time.time() - run.t_start)
     if ddp:
         dist.destroy_process_group()
 
