@@ -68,8 +68,10 @@ def load_meta(data_dir):
     path = Path(data_dir) / "meta.json"
     if not path.is_file():
         raise FileNotFoundError(f"{data_dir} is not prepared ({path} not found): run {prepare_command(data_dir)}")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:  # data/ runs without the repository's plumbing on the path: no read_json
+        raise ValueError(f"{path} is not valid JSON ({err.msg}): run {prepare_command(data_dir)} again") from None
 
 
 def _memmap(path, dtype, what):

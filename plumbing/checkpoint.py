@@ -34,6 +34,7 @@ from dataclasses import asdict
 
 import torch
 
+from plumbing.cli import read_json
 from plumbing.hf_remote import write_remote_code
 
 POINTER = "latest"
@@ -249,14 +250,12 @@ def verify(path):
     """None if path is a complete save (its manifest, every file's sha256, the shard files of a --fsdp save
     included, and the step as recorded), else what is wrong with it."""
     try:
-        with open(os.path.join(path, MANIFEST)) as f:
-            manifest = json.load(f)
+        manifest = read_json(os.path.join(path, MANIFEST))
         for name in (*FILES, *sorted(set(manifest["sha256"]) - set(FILES))):
             if sha256(os.path.join(path, name)) != manifest["sha256"][name]:
                 return f"{name} does not match its sha256 in {MANIFEST}"
-        with open(os.path.join(path, "config.json")) as f:
-            if json.load(f).get("train", {}).get("step") != manifest["step"]:
-                return f"config.json is not of step {manifest['step']}"
+        if read_json(os.path.join(path, "config.json")).get("train", {}).get("step") != manifest["step"]:
+            return f"config.json is not of step {manifest['step']}"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         return f"incomplete ({err})"
     return None
@@ -277,8 +276,7 @@ def find(out_dir):
             if path != first:
                 why = problems[0] if problems else f"{os.path.join(out_dir, POINTER)} is missing"
                 print(f"note: {why}; resuming from {path}, the newest complete save")
-            with open(os.path.join(path, MANIFEST)) as f:
-                return path, json.load(f)["step"]
+            return path, read_json(os.path.join(path, MANIFEST))["step"]
         problems.append(f"{path}: {problem}")
     if not candidates:
         legacy = os.path.isfile(os.path.join(out_dir, "train_state.pt"))

@@ -20,6 +20,7 @@ import torch
 
 from families import FAMILIES, GGUF_ARCHITECTURES, HF_MODEL_TYPES
 from plumbing import gguf
+from plumbing.cli import read_json
 
 
 class SurgeryError(Exception):
@@ -72,12 +73,10 @@ def load_hf_dir(path):
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise SurgeryError(f"{path} has no config.json: pass a checkpoint directory in the Hugging Face layout")
-    with open(cfg_path) as f:
-        fields, n_layers = parent_config(json.load(f))
+    fields, n_layers = parent_config(read_json(cfg_path))
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
+        files = sorted(set(read_json(index)["weight_map"].values()))
     else:
         files = ["model.safetensors"]
     sd = {}
@@ -173,8 +172,7 @@ def load_parent(src):
         return load_gguf(src)
     cfg_path = os.path.join(src, "config.json")
     if os.path.isfile(cfg_path):
-        with open(cfg_path) as f:
-            cfg = json.load(f)
+        cfg = read_json(cfg_path)
         if cfg.get("model_type") == "nanorecur":
             return load_static_ours(src, cfg)
     return load_hf_dir(src)

@@ -21,7 +21,7 @@ import torch
 
 from plumbing import checkpoint
 from plumbing.checkpoint import RunDirError
-from plumbing.cli import ready_out_dir
+from plumbing.cli import read_json, ready_out_dir
 from plumbing.device import is_dtensor
 from plumbing.model_card import write_model_card
 
@@ -76,8 +76,9 @@ def save_checkpoint(model, opts, step, args, fingerprint, flops_seen, levels, ru
              # the schedules are functions of the step; stored so a reader can see where the run stood
              "schedule": schedule}
     checkpoint.save(args.out_dir, step, model, state, train_cfg, shards)
-    with open(os.path.join(args.out_dir, "config.json")) as f:  # the card says what the save holds (README.md)
-        write_model_card(args.out_dir, json.load(f), ["python", "train.py", *sys.argv[1:]])
+    # the card says what the save holds (README.md)
+    cfg = read_json(os.path.join(args.out_dir, "config.json"))
+    write_model_card(args.out_dir, cfg, ["python", "train.py", *sys.argv[1:]])
     return time.time()
 
 
@@ -88,8 +89,7 @@ def find_resume(args, fingerprint, keys, may_change, master):
     ckpt_dir, step = checkpoint.find(args.out_dir)
     if master:
         checkpoint.remove_stale(args.out_dir, keep=ckpt_dir)
-    with open(os.path.join(ckpt_dir, "config.json")) as f:
-        check_resume(args, json.load(f).get("train", {}), fingerprint, keys, may_change)
+    check_resume(args, read_json(os.path.join(ckpt_dir, "config.json")).get("train", {}), fingerprint, keys, may_change)
     return ckpt_dir, step
 
 
@@ -163,8 +163,7 @@ def trained_on(path):
     cfg = os.path.join(path, "config.json")
     if not os.path.isfile(cfg):
         return None
-    with open(cfg) as f:
-        cfg = json.load(f)
+    cfg = read_json(cfg)
     return cfg.get("train", {}).get("data_fingerprint") or (cfg.get("parent") or {}).get("data_fingerprint")
 
 

@@ -58,3 +58,35 @@ def test_no_checkpoint_says_how_to_get_one(tmp_path):
     (tmp_path / "out").mkdir()
     err = one_line(run("sample.py", "--r", "32", cwd=tmp_path))
     assert "not a checkpoint directory" in err and "train.py" in err and "--init" in err
+
+
+def test_damaged_meta_json_is_named(depth_dir, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(depth_dir, data)
+    (data / "meta.json").write_text(BROKEN)
+    err = one_line(run("train.py", "--init=scratch", "--data", str(data), "--out_dir", str(tmp_path / "o")))
+    assert f"{data / 'meta.json'} is not valid JSON" in err and "prepare.py" in err
+
+
+def test_damaged_parent_config_is_named(tmp_path):
+    parent = tmp_path / "parent"  # a directory in the Hugging Face layout whose config.json is cut short
+    parent.mkdir()
+    (parent / "config.json").write_text(BROKEN)
+    p = run("surgery.py", "--init", str(parent), "--shape", "1,1,1", "--out", str(tmp_path / "o"))
+    err = p.stderr.strip()
+    assert p.returncode != 0 and len(err.splitlines()) == 1 and err.startswith("surgery.py: error: "), err
+    assert f"{parent / 'config.json'} is not valid JSON" in err
+
+
+def test_damaged_manifest_is_named_and_resume_says_what_to_do(ckpt, tmp_path, depth_dir):
+    from plumbing import checkpoint
+
+    bad = tmp_path / "run"
+    shutil.copytree(ckpt, bad, symlinks=True)
+    save = Path(os.path.realpath(bad / "config.json")).parent
+    (save / checkpoint.MANIFEST).write_text(BROKEN)
+    assert f"{checkpoint.MANIFEST} is not valid JSON" in checkpoint.verify(str(save))
+    err = one_line(run("train.py", "--resume", "--init=scratch", "--shape", "1,1,1", "--n_embd=32", "--n_head=2",
+                       "--batch_size=8", "--eval_iters=1", "--eval_r=1,2", "--data", str(depth_dir),
+                       "--out_dir", str(bad), "--max_iters=3", "--eval_interval=2"))
+    assert checkpoint.MANIFEST in err and "is not valid JSON" in err
