@@ -147,6 +147,7 @@ SHAPE_FIELDS = ("vocab_size", "n_embd", "n_head", "n_kv_head", "head_dim", "inte
 def load_static_ours(path, cfg):
     """(config fields, n_layers, HF-named state dict) from a static checkpoint of ours (train.py --static):
     its prelude, core and coda are the parent's layers 0.. in order. A looped one is cut already: no."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     if cfg.get("recurrent", True):
@@ -154,8 +155,12 @@ def load_static_ours(path, cfg):
                            "is a parent; train or fine-tune this one with train.py --init")
     parts = [(part, cfg[f"n_{part}"]) for part in ("prelude", "core", "coda")]
     offsets = dict(zip([p for p, _ in parts], [sum(n for _, n in parts[:i]) for i in range(len(parts))]))
+    try:
+        tensors = load_file(os.path.join(path, "model.safetensors"))
+    except (FileNotFoundError, SafetensorError, OSError) as err:
+        raise SurgeryError(f"cannot read {path}/model.safetensors ({err}): train or copy it again") from None
     sd = {}
-    for k, v in load_file(os.path.join(path, "model.safetensors")).items():
+    for k, v in tensors.items():
         part, _, rest = k.partition(".")
         if part in offsets:  # prelude.1.mlp.up_proj.weight -> model.layers.{offset + 1}.mlp.up_proj.weight
             j, _, name = rest.partition(".")
