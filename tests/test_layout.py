@@ -80,3 +80,32 @@ def test_the_recipe_stands_at_the_top_and_experiments_below():
     assert (REPO / "data").is_dir()
     for name in ("claims.py", "repeat.py", "claim_plots.py"):
         assert (REPO / "experiments" / name).is_file() and not (REPO / name).exists()
+
+
+def function_lines(path, name):
+    """Lines of the top-level function `name` of a file, its docstring included."""
+    node = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    return node.end_lineno - node.lineno + 1
+
+
+def test_model_py_is_the_model_only():
+    # the decode layout (packed projections, transposed weights, numpy's BLAS) lives in plumbing/decode.py
+    text = (REPO / "model.py").read_text().lower()
+    for word in ("numpy", "blas", "matvec", "packed", "qkv", "gate_up"):
+        assert word not in text, f"model.py mentions {word!r}: decode-only code belongs in plumbing/decode.py"
+
+
+def test_train_reads_as_phases():
+    path = REPO / "train.py"
+    assert function_lines(path, "train") <= 70
+    # one saving rule, asked at both moments a save can happen (at an eval, and between evals after a step)
+    calls = [n for n in ast.walk(ast.parse(path.read_text()))
+             if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "should_save"]
+    assert len(calls) == 2 and "save_due and not bad" not in path.read_text()
+
+
+def test_readme_teaches_by_commands_early():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 250
+    first_shell = next(i for i, line in enumerate(lines) if line.startswith("```bash"))
+    assert first_shell < 60

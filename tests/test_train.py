@@ -559,3 +559,15 @@ def test_checkpoint_between_evals(depth_dir, tmp_path):
         p.wait()
     step = json.load(open(out / "config.json"))["train"]["step"]
     assert 1 <= step < 100000  # a save that is not an eval step
+
+
+def test_should_save_is_the_whole_rule():
+    from types import SimpleNamespace as Run
+
+    save = train.should_save
+    assert save(Run(step=5, start_step=0, bad_in_row=0), at_eval=True)
+    assert not save(Run(step=5, start_step=5, bad_in_row=0), at_eval=True)  # the step just loaded: on disk already
+    assert not save(Run(step=5, start_step=0, bad_in_row=1), at_eval=True)  # right after a skipped step
+    assert save(Run(step=5, start_step=0, bad_in_row=0), at_eval=False, due=True, sound=True)
+    assert not save(Run(step=5, start_step=0, bad_in_row=0), at_eval=False, due=True, sound=False)  # a spike or NaN
+    assert not save(Run(step=5, start_step=0, bad_in_row=0), at_eval=False, due=False, sound=True)
