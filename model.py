@@ -116,7 +116,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(config.n_head * hd, config.norm_eps)
             self.k_norm = RMSNorm(config.n_kv_head * hd, config.norm_eps)
 
-    def forward(self, x, rope, mask=None, cache=None, key=None):
+    def project(self, x, rope):
+        """x (B, T, h) -> q (B, nh, T, hd), k and v (B, nkv, T, hd), q and k rotated."""
         B, T, _ = x.shape
         nh, nkv, hd = self.n_head, self.n_kv_head, self.head_dim
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -125,7 +126,11 @@ class Attention(nn.Module):
         q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
         k = k.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
         v = v.view(B, T, nkv, hd).transpose(1, 2)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return apply_rope(q, *rope), apply_rope(k, *rope), v
+
+    def forward(self, x, rope, mask=None, cache=None, key=None):
+        B, T, _ = x.shape
+        q, k, v = self.project(x, rope)
         y = attend(q, k, v, mask) if cache is None else attend_cached(q, k, v, mask, cache, key)  # (B, nh, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 

@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from plumbing import checkpoint, guards, run_dir
 from plumbing.batches import batch_rows, get_batch, labeled_length, open_data, state_seeds
-from plumbing.cli import at_least, git_commit, int_list, read_json, str2bool
+from plumbing.cli import at_least, int_list, read_json, str2bool
 from plumbing.device import AUTOCAST, compile_blocks, setup
 from plumbing.upload import check_push, push_to_hub
 from model import IGNORE_INDEX, RecurrentConfig, RecurrentGPT
@@ -298,16 +298,6 @@ def evaluate(model, val_data, args, device, autocast, step, levels, log, bar):
     return seconds
 
 
-def time_ahead(model, args, step, tokens_per_step, seconds_per_flop, eval_seconds):
-    """Seconds the rest of the run takes at the pace so far: the steps left at their mean r (E[r] = rbar + 1,
-    by model.flops_per_token) at the seconds per FLOP measured, and the evals left at the last one's time."""
-    flops = tokens_per_step * sum(model.flops_per_token(mean_recurrence_at(
-        s, args.max_iters, args.mean_recurrence, args.curriculum, args.curriculum_frac) + 1, args.backprop_depth)
-        for s in range(step, args.max_iters))
-    evals = sum(s % args.eval_interval == 0 or s == args.max_iters for s in range(step + 1, args.max_iters + 1))
-    return flops * seconds_per_flop + evals * eval_seconds
-
-
 # -----------------------------------------------------------------------------
 # model, optimizers, data: the run's start
 
@@ -416,16 +406,6 @@ def start(args, meta, device, master):
     return model, opts, split, tok_src, (state.get("step", 0), state.get("flops", 0.0), levels)
 
 
-def run_info(model, world, grad_accum, tokens_per_step, device, split):
-    """The run's record in log.jsonl. What a seed does not fix: the same seed and command give the same numbers
-    only on the same kind of CPU, torch build and thread count (BLAS kernels differ in their rounding by
-    instruction set), so the run records them."""
-    return {"git": git_commit(short=True), "torch": torch.__version__, "world_size": world, "grad_accum": grad_accum,
-            "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "tokens_per_step": tokens_per_step, "device": str(device), "params": model.param_counts(),
-            "optimizer_split": {k: len(v) for k, v in split.items()}}
-
-
 def accumulation(args, T, world):
     """Tokens per optimizer step over all ranks, and the micro-batches each rank runs for it."""
     micro_tokens = args.batch_size * T
@@ -512,7 +492,9 @@ def log_step(run, out, dt, bad, args):
     if run.master:
         run_dir.report(run.log, run.bar, rec, args.log_interval, run.bad_in_row)
         if run.step == run.start_step + 3 and run.step < args.max_iters:  # the first steps set the pace
-            ahead = time_ahead(run.model, args, run.step, total, run.timed_s / run.timed_flops, run.eval_s)
+            mean_r = lambda s: schedule_at(s, args)["mean_recurrence"]
+            ahead = run_dir.time_ahead(run.model, args, run.step, total, run.timed_s / run.timed_flops, run.eval_s,
+                                       mean_r)
             run.bar.write(run_dir.pace(ahead, args.max_iters - run.step, run.timed_s / 3, run.eval_s))
     return rec
 
@@ -533,7 +515,7 @@ def train(args):
     run.ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if run.wrap else model
     run.tokens_per_step, run.grad_accum = accumulation(args, run.T, world)
     run.trainable = [p for p in model.parameters() if p.requires_grad]
-    info = run_info(model, world, run.grad_accum, run.tokens_per_step, device, split)
+    info = run_dir.run_info(model, world, run.grad_accum, run.tokens_per_step, device, split)
     save = lambda s: (fsdp.save_checkpoint if args.fsdp else run_dir.save_checkpoint)(
         model, run.opts, s, args, meta["fingerprint"], run.flops, run.levels, info, schedule_at(s, args))
     saver = run.master or args.fsdp  # who evaluates and saves: the master, or under --fsdp every rank (its shard)

@@ -70,7 +70,7 @@ def load_meta(data_dir):
         raise FileNotFoundError(f"{data_dir} is not prepared ({path} not found): run {prepare_command(data_dir)}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:  # data/ runs without the repository's plumbing on the path: no read_json
+    except json.JSONDecodeError as err:  # not read_json: what to do is to rerun this data's own prepare command
         raise ValueError(f"{path} is not valid JSON ({err.msg}): run {prepare_command(data_dir)} again") from None
 
 

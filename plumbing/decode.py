@@ -14,21 +14,19 @@ import model as recurrent
 
 
 class PackedAttention(recurrent.Attention):
-    """Attention with q, k and v as one product (qkv, a Matvec) and the nh + nkv heads of q and k rotated in one
-    pass: the same products as Attention.forward in fewer ops. Only where no gradient is taken (autograd must see
-    the parameters); OLMo-2's q/k norms come between the projection and the split, so it keeps Attention."""
+    """Attention whose projection is q, k and v as one product (qkv, a Matvec), the nh + nkv heads of q and k
+    rotated in one pass: the same products as Attention.project in fewer ops. Only where no gradient is taken
+    (autograd must see the parameters); OLMo-2's q/k norms come between the projection and the split, so it keeps
+    Attention."""
 
-    def forward(self, x, rope, mask=None, cache=None, key=None):
+    def project(self, x, rope):
         if torch.is_grad_enabled():
-            return super().forward(x, rope, mask, cache, key)
+            return super().project(x, rope)
         B, T, _ = x.shape
         nh, nkv, hd = self.n_head, self.n_kv_head, self.head_dim
         qkv = self.qkv(x).view(B, T, nh + 2 * nkv, hd).transpose(1, 2)  # (B, nh + 2 nkv, T, hd)
         qk = recurrent.apply_rope(qkv[:, :nh + nkv], *rope)
-        q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv:]
-        # recurrent.attend_cached looked up at call time: plumbing/device.py compile_blocks may have wrapped it
-        y = recurrent.attend(q, k, v, mask) if cache is None else recurrent.attend_cached(q, k, v, mask, cache, key)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+        return qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv:]
 
 
 class PackedMLP(recurrent.MLP):
@@ -70,10 +68,9 @@ def matvec_layout(model):
     of one row through numpy's BLAS (Matvec). A decode step is matrix-vector work, bound by reading the weights:
     - q, k and v of every attention, and gate and up of every MLP, packed into one matrix each (PackedAttention.qkv,
       PackedMLP.gate_up: the model's modules switched to these subclasses), so a layer runs 4 matmuls instead of 7:
-      fewer dispatches and longer rows for the kernel. The
-      parameters become views into the packed matrix: one storage, no second copy, and whatever writes the
-      parameters in place writes the packed matrix too. The model uses it only where no gradient is taken (a
-      forward with grad goes through the parameters, so autograd sees them);
+      fewer dispatches and longer rows for the kernel. The parameters become views into the packed matrix: one
+      storage, no second copy, and whatever writes the parameters in place writes the packed matrix too. Used only
+      where no gradient is taken (a forward with grad goes through the parameters, so autograd sees them);
     - every weight stored transposed, strides (1, out): OpenBLAS's matrix-vector product reads W^T row-major
       faster than the loaded layout on every shape of SmolLM2 (one thread, 30 cold matrices each);
     - every Linear's forward, and the packed matrices, a Matvec, with numpy's BLAS on one thread (threadpoolctl):

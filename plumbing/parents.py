@@ -65,11 +65,20 @@ def parent_config(hf):
     ), hf["num_hidden_layers"]
 
 
-def load_hf_dir(path):
-    """(config fields, n_layers, state dict with Hugging Face names) from a hub-layout directory."""
+def read_weights(path, fix):
+    """The tensors of one safetensors file; a missing or damaged one is a one-line SurgeryError naming it and
+    saying what to do (fix)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    try:
+        return load_file(path)
+    except (FileNotFoundError, SafetensorError, OSError) as err:
+        raise SurgeryError(f"cannot read {path} ({err}): {fix}") from None
+
+
+def load_hf_dir(path):
+    """(config fields, n_layers, state dict with Hugging Face names) from a hub-layout directory."""
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise SurgeryError(f"{path} has no config.json: pass a checkpoint directory in the Hugging Face layout")
@@ -81,10 +90,7 @@ def load_hf_dir(path):
         files = ["model.safetensors"]
     sd = {}
     for name in files:
-        try:
-            sd.update(load_file(os.path.join(path, name)))
-        except (FileNotFoundError, SafetensorError, OSError) as err:
-            raise SurgeryError(f"cannot read {os.path.join(path, name)} ({err}): download it again") from None
+        sd.update(read_weights(os.path.join(path, name), "download it again"))
     return fields, n_layers, {k: v.float() for k, v in sd.items()}
 
 
@@ -147,20 +153,13 @@ SHAPE_FIELDS = ("vocab_size", "n_embd", "n_head", "n_kv_head", "head_dim", "inte
 def load_static_ours(path, cfg):
     """(config fields, n_layers, HF-named state dict) from a static checkpoint of ours (train.py --static):
     its prelude, core and coda are the parent's layers 0.. in order. A looped one is cut already: no."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     if cfg.get("recurrent", True):
         raise SurgeryError(f"{path} is a looped checkpoint (cut already): only a static one (train.py --static) "
                            "is a parent; train or fine-tune this one with train.py --init")
     parts = [(part, cfg[f"n_{part}"]) for part in ("prelude", "core", "coda")]
     offsets = dict(zip([p for p, _ in parts], [sum(n for _, n in parts[:i]) for i in range(len(parts))]))
-    try:
-        tensors = load_file(os.path.join(path, "model.safetensors"))
-    except (FileNotFoundError, SafetensorError, OSError) as err:
-        raise SurgeryError(f"cannot read {path}/model.safetensors ({err}): train or copy it again") from None
     sd = {}
-    for k, v in tensors.items():
+    for k, v in read_weights(os.path.join(path, "model.safetensors"), "train or copy it again").items():
         part, _, rest = k.partition(".")
         if part in offsets:  # prelude.1.mlp.up_proj.weight -> model.layers.{offset + 1}.mlp.up_proj.weight
             j, _, name = rest.partition(".")

@@ -64,7 +64,7 @@ def load(cls, path, device="cpu", **overrides):
 
 
 def config_from_dict(config_class, cfg, **overrides):
-    """A config_class (RecurrentConfig) from a config.json dict; keys that are not config fields are an error, except two
+    """A config_class (RecurrentConfig) from a config.json dict; keys that are not its fields are an error, except two
     that older saves carry at the values that made them no-ops (state_scale = embed_scale, no iter_norm)."""
     names = {f.name for f in fields(config_class)}
     cfg = {k: v for k, v in {**cfg, **overrides}.items() if k not in HF_KEYS}

@@ -21,7 +21,7 @@ import torch
 
 from plumbing import checkpoint
 from plumbing.checkpoint import RunDirError
-from plumbing.cli import read_json, ready_out_dir
+from plumbing.cli import git_commit, read_json, ready_out_dir
 from plumbing.device import is_dtensor
 from plumbing.model_card import write_model_card
 
@@ -267,3 +267,23 @@ def summarize(out_dir, start_step, step, seconds):
             acc = f", acc {v0.get('acc', float('nan')):.3f} -> {v1['acc']:.3f}" if "acc" in v1 else ""
             print(f"  val r={r}: loss {v0.get('loss', float('nan')):.4f} (step {first['step']}) -> {v1['loss']:.4f} "
                   f"(step {last['step']}){acc}")
+
+
+def run_info(model, world, grad_accum, tokens_per_step, device, split):
+    """train.py's run record in log.jsonl. What a seed does not fix: the same seed and command give the same numbers
+    only on the same kind of CPU, torch build and thread count (BLAS kernels differ in their rounding by
+    instruction set), so the run records them."""
+    return {"git": git_commit(short=True), "torch": torch.__version__, "world_size": world, "grad_accum": grad_accum,
+            "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "tokens_per_step": tokens_per_step, "device": str(device), "params": model.param_counts(),
+            "optimizer_split": {k: len(v) for k, v in split.items()}}
+
+
+def time_ahead(model, args, step, tokens_per_step, seconds_per_flop, eval_seconds, mean_r_at):
+    """Seconds the rest of train.py's run takes at the pace so far: the steps left at their mean r (E[r] = rbar + 1,
+    rbar = mean_r_at(step), by model.flops_per_token) at the seconds per FLOP measured, and the evals left at the
+    last one's time."""
+    flops = tokens_per_step * sum(model.flops_per_token(mean_r_at(s) + 1, args.backprop_depth)
+                                  for s in range(step, args.max_iters))
+    evals = sum(s % args.eval_interval == 0 or s == args.max_iters for s in range(step + 1, args.max_iters + 1))
+    return flops * seconds_per_flop + evals * eval_seconds
