@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train  # noqa: E402
 from bench_train import matmul_flops_per_token  # noqa: E402
 from model import RecurrentConfig, RecurrentGPT  # noqa: E402
+from plumbing.cli import git_commit  # noqa: E402
 from plumbing.device import compile_blocks  # noqa: E402
 from sample import generate  # noqa: E402
 
@@ -314,7 +315,7 @@ def main(argv=None):
         name = "cpu"
     config = {k: (list(v) if isinstance(v, (tuple, set)) else v) for k, v in vars(args).items()}
     print("config:", json.dumps(config), "| torch", torch.__version__, "| device", name, flush=True)
-    results = {"device": name, "torch": torch.__version__, "git": train.git_commit(short=True), "config": config,
+    results = {"device": name, "torch": torch.__version__, "git": git_commit(short=True), "config": config,
                "train": [], "decode": []}
 
     def save():
