@@ -14,9 +14,9 @@ Jordan's (kellerjordan.github.io/posts/muon) and matches torch.optim.Muon step f
 What differs is speed. torch.optim.Muon orthogonalizes one matrix at a time in bfloat16, which on
 a CPU without bf16 matrix units is slower than fp32. Here matrices of the same (oriented) shape are
 stacked and orthogonalized together with torch.bmm / torch.baddbmm (in cache-sized stacks on CPU), in
-fp32 on CPU and bf16 on CUDA. A CPU with bf16 dot products (avx512_bf16, AMX) turns this around: there
-bf16 multiplies ~4x faster than fp32, and ns_dtype=torch.bfloat16 makes the step ~3x faster, as fast as
-torch's (bench_train, RESULTS.md). The CPU default stays fp32, the same numbers on every CPU.
+bf16 on CUDA and on a CPU with bf16 dot products (avx512_bf16, AMX: there bf16 multiplies ~4x faster than
+fp32 and the step is ~3x faster, bench_train, RESULTS.md), in fp32 on any other CPU
+(plumbing/device.py cpu_bf16). train.py passes the run's precision as ns_dtype (fp32 under --autocast off).
 
 Under FSDP2 (train.py --fsdp, plumbing/fsdp.py) every parameter is a DTensor holding one rank's rows of
 the matrix. Momentum, weight decay and the update are elementwise and run on those rows; Newton-Schulz
@@ -34,7 +34,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from plumbing.device import is_dtensor
+from plumbing.device import cpu_bf16, is_dtensor
 
 # Keller Jordan's quintic coefficients (the same defaults as torch.optim.Muon)
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -82,7 +82,8 @@ def adjusted_lr(lr, adjust_lr_fn, shape):
 
 
 class Muon(torch.optim.Optimizer):
-    """Same arguments and defaults as torch.optim.Muon, plus ns_dtype (None: bf16 on CUDA, fp32 otherwise)."""
+    """Same arguments and defaults as torch.optim.Muon, plus ns_dtype (None: bf16 on CUDA and on a CPU with
+    native bf16 products, fp32 otherwise)."""
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=NS_COEFFICIENTS, eps=1e-7, ns_steps=5, adjust_lr_fn=None, ns_dtype=None):
@@ -134,8 +135,9 @@ class Muon(torch.optim.Optimizer):
 
 
 def ns_dtype(group, device):
-    """The dtype Newton-Schulz runs in: ns_dtype, or bf16 on CUDA and fp32 elsewhere."""
-    return group["ns_dtype"] or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    """The dtype Newton-Schulz runs in: ns_dtype, or bf16 on CUDA and on a CPU with native bf16, else fp32."""
+    native = device.type == "cuda" or (device.type == "cpu" and cpu_bf16())
+    return group["ns_dtype"] or (torch.bfloat16 if native else torch.float32)
 
 
 def orthogonalize(updates, group):

@@ -43,7 +43,7 @@ from tqdm import tqdm
 from plumbing import checkpoint, guards, run_dir
 from plumbing.batches import batch_rows, get_batch, labeled_length, open_data, state_seeds
 from plumbing.cli import at_least, int_list, read_json, str2bool
-from plumbing.device import AUTOCAST, compile_blocks, setup
+from plumbing.device import AUTOCAST, autocast_context, compile_blocks, setup, train_precision
 from plumbing.upload import check_push, push_to_hub
 from model import IGNORE_INDEX, RecurrentConfig, RecurrentGPT
 from muon import Muon
@@ -112,10 +112,12 @@ RUN_FLAGS = dict(
     compile=(False, "torch.compile the blocks, CPU or CUDA (plumbing/device.py compile_blocks); off by default"),
     fsdp=(False, "under torchrun: shard weights, gradients and optimizer states over the ranks (FSDP2, "
                  "plumbing/fsdp.py) instead of DDP's full copy on each; for parents DDP cannot hold"),
-    autocast=("auto", "bf16 autocast, fp32 weights: auto (on CUDA; fp32 on CPU) | bf16 (the CPU too) | off", AUTOCAST),
+    autocast=("auto", "bf16 autocast, fp32 weights: auto (on CUDA and a CPU with native bf16, plumbing/device.py) | "
+                      "bf16 (any CPU too) | off (fp32)", AUTOCAST),
     seed=(1337, "seeds the data order, r and s_0 draws, and a scratch model's init"),
     resume=(False, "continue the run in --out_dir exactly where it stopped, with its flags: only max_iters, eval_*, "
-                   "log_interval, ckpt_minutes, device, compile, max_bad_steps, diverge_*, peak_flops may differ"),
+                   "log_interval, ckpt_minutes, device, compile, max_bad_steps, diverge_*, peak_flops, autocast (to the run's "
+                   "precision) may differ"),
     max_bad_steps=(5, "stop after this many NaN/inf steps in a row (each is skipped)"),
     diverge_factor=(4.0, "a train loss over this times its running level and 1 nat above it is a spike (never "
                          "saved); 0 = off"),
@@ -134,7 +136,8 @@ CHOICES = {key: entry[2] for key, entry in FLAGS.items() if len(entry) > 2}
 # curriculum that are fractions of it: that is how a run is extended)
 RESUME_MAY_CHANGE = ("config", "resume", "out_dir", "max_iters", "eval_interval", "eval_iters", "eval_r",
                      "log_interval", "ckpt_minutes", "device", "compile", "max_bad_steps", "diverge_factor",
-                     "collapse_factor", "diverge_steps", "peak_flops", "push_to_hub", "private")
+                     "collapse_factor", "diverge_steps", "peak_flops", "push_to_hub", "private",
+                     "autocast")  # the precision it resolves to must stay the run's (run_dir.check_resume)
 
 
 class TrainError(Exception):
@@ -334,7 +337,7 @@ def build_model(args, meta, ckpt_dir=None):
     return model, tok_src
 
 
-def make_optimizers(model, args):
+def make_optimizers(model, args, precision=None):
     """Muon on every 2-D matrix of the blocks and the adapter; AdamW on embeddings, head, norms and
     biases. named_parameters() lists a tied head once. --freeze=base first leaves only the adapter (and
     with --train_norms the norms) trainable. Returns a list of optimizers and the split by name."""
@@ -356,7 +359,8 @@ def make_optimizers(model, args):
     opts = []
     if groups["muon"]:
         opts.append(Muon([p for _, p in groups["muon"]], lr=args.learning_rate, weight_decay=args.weight_decay,
-                         momentum=args.muon_momentum, adjust_lr_fn=args.muon_adjust_lr))
+                         momentum=args.muon_momentum, adjust_lr_fn=args.muon_adjust_lr,
+                         ns_dtype={"bf16": torch.bfloat16, "fp32": torch.float32}.get(precision)))
     if groups["adamw"]:
         # fused: one kernel for the update, 6x faster on CPU than the default (0.03 s vs 0.17 s a step for SmolLM2's
         # 28M embedding on 2 cores), same math within fp32 rounding; FSDP2's DTensor shards keep the default
@@ -380,7 +384,7 @@ def load_data(args):
     return train_data, val_data
 
 
-def start(args, meta, device, master):
+def start(args, meta, device, master, precision):
     """The model (built, or a --resume's save; its blocks compiled with --compile), its optimizers (and
     their split by name), its tokenizer source, and where a resumed run stood: its step, FLOPs so far and
     the divergence check's running levels (an EMA of the train loss over good steps, the best eval loss)."""
@@ -390,12 +394,12 @@ def start(args, meta, device, master):
     ckpt_dir = ckpt_step = None
     if args.resume:  # the newest complete save, and the settings it was trained with (--fsdp: the master checks)
         find = fsdp.find_resume if args.fsdp else run_dir.find_resume
-        ckpt_dir, ckpt_step = find(args, meta["fingerprint"], DEFAULTS, RESUME_MAY_CHANGE, master)
+        ckpt_dir, ckpt_step = find(args, meta["fingerprint"], DEFAULTS, RESUME_MAY_CHANGE, master, precision)
     model, tok_src = build_model(args, meta, ckpt_dir)
     if args.fsdp:  # block by block onto the device, this rank's rows only; before the optimizers take them
-        fsdp.shard(model, device, args.autocast)
+        fsdp.shard(model, device, "bf16" if precision == "bf16" else "off")
     model.to(device)
-    opts, split = make_optimizers(model, args)
+    opts, split = make_optimizers(model, args, precision)  # Newton-Schulz in the run's precision
     if args.resume and args.fsdp:  # the optimizer states are shard files (dcp.load)
         state = fsdp.load_train_state(ckpt_dir, ckpt_step, opts, model)
     else:
@@ -502,20 +506,24 @@ def log_step(run, out, dt, bad, args):
 def train(args):
     if args.fsdp:
         from plumbing import fsdp
-    ddp, rank, world, device, autocast = setup(args.device, args.autocast)  # torchrun's ranks or one process; dtype
+    ddp, rank, world, device = setup(args.device)  # torchrun's ranks or one process
+    precision, why = train_precision(device, args.autocast)  # bf16 where the device multiplies it natively
+    autocast = autocast_context(device, "bf16" if precision == "bf16" else "off")
     run = SimpleNamespace(ddp=ddp, rank=rank, world=world, device=device, autocast=autocast, master=rank == 0)
+    if run.master:
+        print(f"precision: {precision} ({why})")
     run_lock = run_dir.claim(args.out_dir, run.master)  # out_dir writable, and this process its only owner
     # data first: its vocabulary sizes a scratch model, and its fingerprint must match the model's tokenizer
     run.train_data, val_data = load_data(args)
     meta, run.T = run.train_data["meta"], run.train_data["T"]
-    model, run.opts, split, tok_src, (step, run.flops, run.levels) = start(args, meta, device, run.master)
+    model, run.opts, split, tok_src, (step, run.flops, run.levels) = start(args, meta, device, run.master, precision)
     # nanoGPT's wrap: the forward runs through DDP, which all-reduces the gradients in backward (a --fsdp model,
     # sharded in start, reduce-scatters them itself)
     run.model, run.wrap = model, ddp and not args.fsdp
     run.ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if run.wrap else model
     run.tokens_per_step, run.grad_accum = accumulation(args, run.T, world)
     run.trainable = [p for p in model.parameters() if p.requires_grad]
-    info = run_dir.run_info(model, world, run.grad_accum, run.tokens_per_step, device, split)
+    info = run_dir.run_info(model, world, run.grad_accum, run.tokens_per_step, device, split, precision)
     save = lambda s: (fsdp.save_checkpoint if args.fsdp else run_dir.save_checkpoint)(
         model, run.opts, s, args, meta["fingerprint"], run.flops, run.levels, info, schedule_at(s, args))
     saver = run.master or args.fsdp  # who evaluates and saves: the master, or under --fsdp every rank (its shard)

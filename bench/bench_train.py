@@ -8,12 +8,17 @@ MLP 1536, vocab 49152, tied head):
   2. peak memory of a step at r=32 vs r=8 with backprop depth k=8 (goal <= 1.15x: the no_grad prefix
      keeps no activations);
   3. step time with a no_grad prefix (r = 16, 32 at k = 8) vs the (6 N1 + 2 N2) prediction;
-  4. Muon step time (muon.py, batched fp32 Newton-Schulz as train.py runs it on CPU, and the same in
-     bf16) vs torch.optim.Muon (bf16) on the same matrices (goal <= 0.6x on CPU; a CPU with bf16 dot
-     products, where bf16 multiplies faster than fp32, does not reach it: RESULTS.md, "How fast is it").
+  4. Muon step time (muon.py, batched Newton-Schulz in fp32 and in bf16) vs torch.optim.Muon (bf16) on
+     the same matrices (goal <= 0.6x on CPU; a CPU with bf16 dot products, where bf16 multiplies faster
+     than fp32, does not reach it in fp32: RESULTS.md, "How fast is it");
+  5. precision: train.py's own step (train_step + apply_update: forward, backward, clipping, Muon + AdamW)
+     of the retrofit config (config/cpu_retrofit_depth.json: SmolLM2 (2,2,2), 32 depth-task rows, mean
+     r 4, k 4, per-loop supervision) in fp32 (--autocast off) and in what --autocast auto picks on this
+     machine, over the same steps alternately; their ratio (goal >= 2x on a CPU with native bf16) and the
+     step's share of the bf16 matmul peak.
 
-    python bench/bench_train.py                  # all four, ~5 min on 2 cores
-    python bench/bench_train.py --only muon      # one of: peak, memory, prefix, muon
+    python bench/bench_train.py                  # all five, ~7 min on 2 cores
+    python bench/bench_train.py --only precision # one of: peak, memory, prefix, muon, precision
 """
 
 import argparse
@@ -22,15 +27,20 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+import train  # noqa: E402
 from model import RecurrentConfig, RecurrentGPT  # noqa: E402
 from muon import Muon  # noqa: E402
-from plumbing.device import compile_blocks  # noqa: E402
+from plumbing.batches import open_data  # noqa: E402
+from plumbing.device import autocast_context, compile_blocks, train_precision  # noqa: E402
 
 
 def smollm2_config(shape):
@@ -150,8 +160,8 @@ def bench_muon(args):
     g = torch.Generator().manual_seed(0)
     for p in mats:
         p.grad = torch.randn(p.shape, generator=g)
-    # ours as train.py runs it (Newton-Schulz in fp32 on the CPU), ours in bf16 as on a GPU, and torch's (bf16)
-    opts = {"ours": Muon(mats, lr=1e-3, weight_decay=1e-4),
+    # ours in fp32 (train.py --autocast off, and auto on a CPU without native bf16), in bf16, and torch's (bf16)
+    opts = {"ours": Muon(mats, lr=1e-3, weight_decay=1e-4, ns_dtype=torch.float32),
             "ours_bf16": Muon(mats, lr=1e-3, weight_decay=1e-4, ns_dtype=torch.bfloat16),
             "torch": torch.optim.Muon(mats, lr=1e-3, weight_decay=1e-4)}
     times = {name: [] for name in opts}
@@ -166,6 +176,57 @@ def bench_muon(args):
             "setup": f"shape {args.muon_shape}, fp32 NS (ours), bf16 NS (ours_bf16, torch)"}
 
 
+def retrofit_run(data, precision, seed=0):
+    """What train.train_step and apply_update read of train.py's run, for the retrofit config's model (random
+    weights: the products are the same as the real cut's) in one precision."""
+    args = SimpleNamespace(**{**train.DEFAULTS, **{k: v for k, v in train.read_json(
+        REPO / "config" / "cpu_retrofit_depth.json").items() if not k.startswith("_")}, "out_dir": "-"})
+    torch.manual_seed(seed)
+    model = RecurrentGPT(smollm2_config((2, 2, 2)))
+    opts, _ = train.make_optimizers(model, args, precision)
+    run = SimpleNamespace(model=model, ddp_model=model, opts=opts, trainable=list(model.parameters()),
+                          train_data=data, device=torch.device("cpu"), world=1, rank=0, grad_accum=1, wrap=False,
+                          ddp=False, bad_in_row=0, step=0,
+                          autocast=autocast_context("cpu", "bf16" if precision == "bf16" else "off"))
+    return run, args
+
+
+def bench_precision(args):
+    """train.py's step of the retrofit config in fp32 and in --autocast auto's choice, over the same steps (the
+    same r draws and rows), alternately so that a load change hits both; forward + backward and the update apart."""
+    chosen, why = train_precision("cpu")
+    with tempfile.TemporaryDirectory() as tmp:  # the depth task's rows (seq_len 10 at test depth 9), in 0.5 s
+        subprocess.run([sys.executable, str(REPO / "data/depth/prepare.py"), "--out_dir", tmp, "--train_k", "6",
+                        "--test_k", "9"], check=True, capture_output=True)
+        data = open_data(tmp, "train", 256)
+    runs = {"fp32": retrofit_run(data, "fp32"), chosen: retrofit_run(data, chosen)}
+    times = {name: {"fwd_bwd": 0.0, "update": 0.0, "flops": 0.0} for name in runs}
+    steps = range(20, 20 + args.steps)  # past the warmup: lr at its peak, the r draws of the stable phase
+    for (run, a) in runs.values():  # warm-up (oneDNN's primitive caches, the optimizers' states)
+        run.step = 0
+        train.apply_update(run, train.train_step(run, a), False, a)
+    for s in steps:
+        for name, (run, a) in runs.items():
+            run.step = s
+            t0 = time.perf_counter()
+            out = train.train_step(run, a)
+            t1 = time.perf_counter()
+            train.apply_update(run, out, False, a)
+            t2 = time.perf_counter()
+            t = times[name]
+            t["fwd_bwd"], t["update"] = t["fwd_bwd"] + t1 - t0, t["update"] + t2 - t1
+            t["flops"] += matmul_flops_per_token(run.model, out["r"], a.backprop_depth, out["T_step"]) * \
+                a.batch_size * out["T_step"]
+    step_s = {name: (t["fwd_bwd"] + t["update"]) / len(steps) for name, t in times.items()}
+    bf16_peak = matmul_peak(dtype=torch.bfloat16)
+    return {"precision": chosen, "why": why, "steps": len(steps),
+            **{f"{name}_step_s": step_s[name] for name in runs},
+            **{f"{name}_{part}_s": times[name][part] / len(steps) for name in runs for part in ("fwd_bwd", "update")},
+            "ratio": step_s["fp32"] / step_s[chosen], "bf16_matmul_peak_gflops": bf16_peak / 1e9,
+            "pct_of_bf16_peak": 100 * times[chosen]["flops"] / len(steps) / step_s[chosen] / bf16_peak,
+            "setup": "config/cpu_retrofit_depth.json: SmolLM2 (2,2,2), 32 rows, mean r 4, k 4, per-loop supervision"}
+
+
 def _time(fn):
     t0 = time.perf_counter()
     fn()
@@ -174,13 +235,14 @@ def _time(fn):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    p.add_argument("--only", default="", help="peak | memory | prefix | muon (default: all)")
+    p.add_argument("--only", default="", help="peak | memory | prefix | muon | precision (default: all)")
     p.add_argument("--shape", default="2,4,2", help="P,R,C of the SmolLM2-shaped model for peak/memory/prefix")
     p.add_argument("--muon_shape", default="6,8,6", help="P,R,C whose matrices the Muon bench steps")
     p.add_argument("--r", type=int, default=4, help="loops in the throughput step")
     p.add_argument("--batch_size", type=int, default=4)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--steps", type=int, default=12, help="train steps per precision in the precision bench")
     p.add_argument("--compile", action="store_true", help="torch.compile the blocks in the throughput step")
     p.add_argument("--memory_child", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -189,7 +251,8 @@ def main():
     if args.memory_child:
         return memory_child(args.memory_child, args.shape, args.batch_size, args.seq)
     print("config:", json.dumps(vars(args)), "| torch", torch.__version__, "| threads", torch.get_num_threads())
-    benches = {"peak": bench_peak, "memory": bench_memory, "prefix": bench_prefix, "muon": bench_muon}
+    benches = {"peak": bench_peak, "memory": bench_memory, "prefix": bench_prefix, "muon": bench_muon,
+               "precision": bench_precision}
     if args.only and args.only not in benches:
         p.error(f"--only must be one of {sorted(benches)}")
     results = {}
@@ -218,6 +281,12 @@ def main():
         r = results["muon"]
         print(f"| Muon step, {r['matrices']} matrices | ours {r['ours_s']:.2f} s vs torch.optim.Muon {r['torch_s']:.2f} s "
               f"= {r['ratio']:.2f}x (ours in bf16: {r['ours_bf16_s']:.2f} s = {r['ratio_bf16']:.2f}x) | <= 0.6x |")
+    if "precision" in results:
+        r, c = results["precision"], results["precision"]["precision"]
+        print(f"| train step, retrofit config, fp32 vs --autocast auto = {c} ({r['why']}) | {r['fp32_step_s']:.2f} s "
+              f"vs {r[f'{c}_step_s']:.2f} s = {r['ratio']:.2f}x (forward+backward {r['fp32_fwd_bwd_s']:.2f} vs "
+              f"{r[f'{c}_fwd_bwd_s']:.2f} s, update {r['fp32_update_s']:.2f} vs {r[f'{c}_update_s']:.2f} s); "
+              f"{r['pct_of_bf16_peak']:.0f}% of the bf16 peak ({r['bf16_matmul_peak_gflops']:.0f} GFLOP/s) | >= 2x |")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,21 @@
 """
 One place decides processes, device and precision: torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE)
-or one process (train.py); bf16 autocast with fp32 master weights on CUDA, plain fp32 on CPU, for
-train.py, sample.py and eval_math.py alike (autocast_context; --autocast bf16 forces it on the CPU too,
-to rehearse the GPU's numerics; off: fp32 everywhere). The same code path runs at world size 1 and on CPU
-(train.py never asks which one it is in, except to wrap the model in DistributedDataParallel and to
-average the loss it prints).
+or one process (train.py), and the dtype the matrix products run in (--autocast of train.py, sample.py and
+eval_math.py): bf16 autocast with fp32 master weights, or plain fp32.
 
-    python train.py --device cpu ...                                     # one process
-    python train.py --device cpu --autocast bf16 ...                     # bf16 autocast on the CPU
+- auto, train.py (train_precision): bf16 on CUDA and on a CPU that multiplies bf16 natively (cpu_bf16: the
+  avx512_bf16 or AMX instructions, as torch reports them; there a bf16 matmul is ~4x an fp32 one), fp32 on
+  any other CPU, where bf16 is emulated and slower. Muon's Newton-Schulz follows the same choice.
+- auto, sample.py and eval_math.py (autocast_context): bf16 on CUDA, fp32 on every CPU. Decoding one token
+  is a matrix-vector product, bound by memory and run on numpy's fp32 BLAS (plumbing/decode.py), and the
+  depth evaluation's figures stay comparable across machines.
+- bf16: on any device (the CPU too, to rehearse the GPU's numerics); off: fp32 everywhere.
+
+The same code path runs at world size 1 and on CPU (train.py never asks which one it is in, except to
+wrap the model in DistributedDataParallel and to average the loss it prints).
+
+    python train.py --device cpu ...                                     # one process, precision auto
+    python train.py --device cpu --autocast off ...                      # fp32, whatever the CPU
     torchrun --standalone --nproc_per_node=8 train.py --config config/llama_4_6_4.json
     torchrun --standalone --nproc_per_node=2 train.py --device cpu ...   # gloo, as tests/test_train.py does
 """
@@ -23,6 +31,28 @@ import torch.distributed as dist
 AUTOCAST = ("auto", "bf16", "off")  # the --autocast choices of train.py, sample.py and eval_math.py
 
 
+def cpu_bf16():
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 dot products or AMX tiles), as torch's CPU
+    dispatch reports it (the same checks that pick oneDNN's bf16 kernels)."""
+    cpu = torch.cpu
+    return any(getattr(cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+def train_precision(device, choice="auto"):
+    """(precision, why): what train.py trains in, "bf16" (autocast, fp32 master weights) or "fp32", and the
+    reason in words, printed at the start and recorded in the run (config.json and log.jsonl under "run")."""
+    if choice not in AUTOCAST:
+        raise ValueError(f"autocast must be one of {', '.join(AUTOCAST)}, not {choice!r}")
+    kind = torch.device(device).type
+    if choice != "auto":
+        return ("bf16", "--autocast bf16") if choice == "bf16" else ("fp32", "--autocast off")
+    if kind == "cuda":
+        return "bf16", "auto: CUDA"
+    if kind == "cpu" and cpu_bf16():
+        return "bf16", "auto: this CPU multiplies bf16 natively (avx512_bf16 / amx)"
+    return "fp32", f"auto: this {kind.upper()} has no native bf16 products"
+
+
 def autocast_context(device, choice="auto"):
     """The precision a forward pass runs under, as a reusable context: bf16 autocast with the weights left
     fp32 (choice auto: on CUDA only; bf16: on any device, the CPU included), or none (plain fp32: auto on
@@ -35,10 +65,9 @@ def autocast_context(device, choice="auto"):
     return contextlib.nullcontext()
 
 
-def setup(device="auto", autocast="auto"):
-    """Returns (ddp, rank, world, device, autocast context). device: auto (cuda when available) | cpu | cuda |
-    cuda:N; under torchrun each rank takes cuda:LOCAL_RANK (nccl), or the CPU (gloo) with --device cpu.
-    autocast: a choice of AUTOCAST (autocast_context)."""
+def setup(device="auto"):
+    """Returns (ddp, rank, world, device). device: auto (cuda when available) | cpu | cuda | cuda:N; under
+    torchrun each rank takes cuda:LOCAL_RANK (nccl), or the CPU (gloo) with --device cpu."""
     ddp = int(os.environ.get("RANK", -1)) != -1  # launched by torchrun
     if ddp:
         use_cuda = torch.cuda.is_available() and device in ("auto", "cuda")
@@ -50,7 +79,7 @@ def setup(device="auto", autocast="auto"):
     else:
         rank, world = 0, 1
         dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
-    return ddp, rank, world, dev, autocast_context(dev, autocast)
+    return ddp, rank, world, dev
 
 
 def is_dtensor(t):

@@ -119,10 +119,10 @@ def on_master(fn):
     return value
 
 
-def find_resume(args, fingerprint, keys, may_change, master):
+def find_resume(args, fingerprint, keys, may_change, master, precision):
     """run_dir.find_resume on the master alone (verifying a save reads every byte of it, the optimizer
     shards included), and its answer, (directory, step), or its error on every rank."""
-    return on_master(lambda: run_dir.find_resume(args, fingerprint, keys, may_change, True))
+    return on_master(lambda: run_dir.find_resume(args, fingerprint, keys, may_change, True, precision))
 
 
 def full_weights(model):

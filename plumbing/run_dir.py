@@ -22,7 +22,7 @@ import torch
 from plumbing import checkpoint
 from plumbing.checkpoint import RunDirError
 from plumbing.cli import git_commit, read_json, ready_out_dir
-from plumbing.device import is_dtensor
+from plumbing.device import cpu_bf16, is_dtensor
 from plumbing.model_card import write_model_card
 
 
@@ -82,29 +82,45 @@ def save_checkpoint(model, opts, step, args, fingerprint, flops_seen, levels, ru
     return time.time()
 
 
-def find_resume(args, fingerprint, keys, may_change, master):
+def find_resume(args, fingerprint, keys, may_change, master, precision):
     """--resume: the newest complete save of args.out_dir and its step, after checking that the run was
-    trained with these settings (check_resume). The master also removes what a save killed after its
+    trained with these settings and precision (check_resume). The master also removes what a save killed after its
     commit left (the next save would, but there may be none)."""
     ckpt_dir, step = checkpoint.find(args.out_dir)
     if master:
         checkpoint.remove_stale(args.out_dir, keep=ckpt_dir)
-    check_resume(args, read_json(os.path.join(ckpt_dir, "config.json")).get("train", {}), fingerprint, keys, may_change)
+    saved = read_json(os.path.join(ckpt_dir, "config.json")).get("train", {})
+    check_resume(args, saved, fingerprint, keys, may_change, precision)
     return ckpt_dir, step
 
 
-def check_resume(args, saved, fingerprint, keys, may_change):
+def check_resume(args, saved, fingerprint, keys, may_change, precision):
     """--resume continues the run as it was: a flag that changes the model or the optimization (any of
-    keys but may_change) must equal the run's saved value, and the data must have its fingerprint.
-    saved: the "train" section of the checkpoint's config.json."""
+    keys but may_change) must equal the run's saved value, the data must have its fingerprint, and the run
+    must train in the precision it started in (--autocast auto resolves by device and CPU: another machine
+    may resolve it otherwise). saved: the "train" section of the checkpoint's config.json."""
     same = lambda k, a, b: a == b or (k in ("data", "init") and os.path.realpath(str(a)) == os.path.realpath(str(b)))
     diff = [f"--{k} {getattr(args, k)!r} here, {saved[k]!r} in the run" for k in keys
             if k not in may_change and k in saved and not same(k, getattr(args, k), saved[k])]
     if saved.get("data_fingerprint") not in (None, fingerprint):
         diff.append(f"--data {args.data} has fingerprint {fingerprint} here, {saved['data_fingerprint']} in the run")
+    was = saved_precision(saved)
+    if was != precision:
+        diff.append(f"this start trains in {precision}, the run in {was} (pass --autocast "
+                    f"{'bf16' if was == 'bf16' else 'off'} to keep it)")
     if diff:
         raise RunDirError(f"--resume: {args.out_dir} was trained with other settings: {'; '.join(diff)}. Pass the "
                           f"run's values (its config.json, under \"train\") or train into a new --out_dir")
+
+
+def saved_precision(saved):
+    """The precision a saved run trained in: recorded under "run", or for a run saved before it was recorded,
+    what --autocast meant then (bf16 when forced or on CUDA, fp32 on every CPU)."""
+    run = saved.get("run", {})
+    if "precision" in run:
+        return run["precision"]
+    on_cuda = str(run.get("device", "cpu")).startswith("cuda")
+    return "bf16" if saved.get("autocast") == "bf16" or (saved.get("autocast", "auto") == "auto" and on_cuda) else "fp32"
 
 
 def load_train_state(ckpt_dir, step, opts):
@@ -269,12 +285,13 @@ def summarize(out_dir, start_step, step, seconds):
                   f"(step {last['step']}){acc}")
 
 
-def run_info(model, world, grad_accum, tokens_per_step, device, split):
+def run_info(model, world, grad_accum, tokens_per_step, device, split, precision):
     """train.py's run record in log.jsonl. What a seed does not fix: the same seed and command give the same numbers
     only on the same kind of CPU, torch build and thread count (BLAS kernels differ in their rounding by
-    instruction set), so the run records them."""
+    instruction set; --autocast auto trains in bf16 only where the CPU has native bf16), so the run records them."""
     return {"git": git_commit(short=True), "torch": torch.__version__, "world_size": world, "grad_accum": grad_accum,
             "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "precision": precision, "cpu_bf16": cpu_bf16(),
             "tokens_per_step": tokens_per_step, "device": str(device), "params": model.param_counts(),
             "optimizer_split": {k: len(v) for k, v in split.items()}}
 

@@ -1,4 +1,5 @@
-"""bf16 autocast with fp32 master weights, the precision train.py uses on CUDA (plumbing/device.py), run here
+"""bf16 autocast with fp32 master weights, the precision train.py uses on CUDA and on a CPU with native bf16
+products (plumbing/device.py; detection mocked both ways here), run here
 under torch.autocast("cpu", dtype=torch.bfloat16): the same autocast code path on the CPU device. Train steps
 (the model's, and train.main's own loop), the KV-cache decoder and the exit rules, each against fp32; the dtype
 of every piece that must stay fp32 (s_0's draw, the adapter's input, the KV cache, the exit statistics, the
@@ -156,8 +157,7 @@ TINY = ["--init=scratch", "--shape", "1,1,1", "--n_embd=32", "--n_head=2", "--ba
 
 def test_train_main_under_cpu_autocast(depth_dir, tmp_path, monkeypatch):
     """train.main's whole loop (r sampling, truncated backprop, clipping, Muon + AdamW, eval, save) with bf16
-    autocast forced on the CPU by --autocast bf16 (plumbing/device.autocast_context); the default, auto, runs the
-    CPU in fp32."""
+    autocast forced on the CPU by --autocast bf16, against --autocast off (fp32 throughout)."""
     calls, forward = [], train.RecurrentGPT.forward
 
     def spy(self, *a, **kw):  # the real forward; what it ran under and what it returned
@@ -166,7 +166,7 @@ def test_train_main_under_cpu_autocast(depth_dir, tmp_path, monkeypatch):
         return logits, loss
 
     monkeypatch.setattr(train.RecurrentGPT, "forward", spy)
-    train.main([*TINY, "--data", str(depth_dir), "--out_dir", str(tmp_path / "fp32")])
+    train.main([*TINY, "--autocast", "off", "--data", str(depth_dir), "--out_dir", str(tmp_path / "fp32")])
     n_fp32 = len(calls)
     train.main([*TINY, "--autocast", "bf16", "--data", str(depth_dir), "--out_dir", str(tmp_path / "bf16")])
     assert all(not c[0] for c in calls[:n_fp32]) and all(c[0] for c in calls[n_fp32:])  # train steps and evals
@@ -185,9 +185,85 @@ def test_train_main_under_cpu_autocast(depth_dir, tmp_path, monkeypatch):
     assert saved and all(t.dtype == torch.float32 for t in saved.values())
 
 
+def native_bf16(monkeypatch, native):
+    """What torch reports about the CPU (plumbing/device.cpu_bf16 asks it), mocked: native bf16 products or none."""
+    for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        monkeypatch.setattr(torch.cpu, name, lambda: native)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_auto_trains_in_bf16_where_the_cpu_multiplies_it_natively(depth_dir, tmp_path, monkeypatch, capsys, native):
+    """train.py --autocast auto on a CPU with native bf16 (mocked: avx512_bf16 / AMX) is --autocast bf16, bit for
+    bit, Newton-Schulz in bf16 too; on a CPU without, it is --autocast off (fp32, the runs before auto chose
+    bf16). The choice is printed and recorded in config.json and log.jsonl; a resume that would train in the
+    other precision is refused in one line."""
+    from muon import Muon, ns_dtype
+
+    native_bf16(monkeypatch, native)
+    default = ns_dtype(Muon([torch.zeros(2, 2)]).param_groups[0], torch.device("cpu"))  # Muon's own rule
+    nss = []
+    real = train.Muon.__init__
+    monkeypatch.setattr(train.Muon, "__init__", lambda self, *a, **kw: nss.append(kw["ns_dtype"]) or real(self, *a, **kw))
+    same = "bf16" if native else "off"
+    for name, choice in (("auto", "auto"), ("same", same)):
+        train.main([*TINY, f"--autocast={choice}", "--data", str(depth_dir), "--out_dir", str(tmp_path / name)])
+    out = capsys.readouterr().out
+    want = "bf16" if native else "fp32"
+    assert f"precision: {want} (auto: " in out and f"precision: {want} (--autocast {same})" in out
+    assert nss == [torch.bfloat16 if native else torch.float32] * 2 == [default] * 2
+    rows = lambda d: [json.loads(line) for line in open(tmp_path / d / "log.jsonl")]
+    head = rows("auto")[0]["run"]
+    assert head["precision"] == want and head["cpu_bf16"] is native
+    cfg = json.load(open(tmp_path / "auto" / "config.json"))["train"]["run"]
+    assert cfg["precision"] == want
+    keep = lambda d: [(x["loss"], x["grad_norm"]) for x in rows(d) if "loss" in x]
+    assert keep("auto") == keep("same") and len(keep("auto")) == 6  # identical, not merely close
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("auto", "same"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    other = "off" if native else "bf16"  # the flag that would change the run's precision
+    with pytest.raises(SystemExit):
+        train.main([*TINY, f"--autocast={other}", "--data", str(depth_dir), "--out_dir", str(tmp_path / "auto"),
+                    "--max_iters=8", "--resume"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"the run in {want} (pass --autocast {same} to keep it)" in err[0], err
+    native_bf16(monkeypatch, not native)  # the run moved to the other kind of CPU: auto would change, so refused
+    with pytest.raises(SystemExit):
+        train.main([*TINY, "--data", str(depth_dir), "--out_dir", str(tmp_path / "auto"), "--max_iters=8", "--resume"])
+    assert f"the run in {want}" in capsys.readouterr().err
+    train.main([*TINY, f"--autocast={same}", "--data", str(depth_dir), "--out_dir", str(tmp_path / "auto"),
+                "--max_iters=8", "--resume"])  # the run's own precision, named: it resumes
+
+
+def test_resume_of_a_run_saved_before_precision_was_recorded():
+    """A run whose config.json has no "precision" trained as --autocast meant then: bf16 when forced or on CUDA,
+    fp32 on every CPU (plumbing/run_dir.saved_precision)."""
+    from plumbing.run_dir import saved_precision
+
+    assert saved_precision({"autocast": "auto", "run": {"device": "cpu"}}) == "fp32"
+    assert saved_precision({"autocast": "auto", "run": {"device": "cuda:0"}}) == "bf16"
+    assert saved_precision({"autocast": "bf16", "run": {"device": "cpu"}}) == "bf16"
+    assert saved_precision({"autocast": "off", "run": {"device": "cuda"}}) == "fp32"
+    assert saved_precision({"autocast": "off", "run": {"precision": "bf16"}}) == "bf16"  # recorded: as recorded
+
+
+def test_train_precision_choices(monkeypatch):
+    """plumbing/device.train_precision: auto is bf16 on CUDA and on a CPU with native bf16, fp32 on other CPUs."""
+    from plumbing.device import train_precision
+
+    for native in (False, True):
+        native_bf16(monkeypatch, native)
+        assert train_precision("cpu")[0] == ("bf16" if native else "fp32")
+        assert train_precision("cuda:1")[0] == "bf16"
+        assert train_precision("cpu", "off") == ("fp32", "--autocast off")
+        assert train_precision("cuda", "off")[0] == "fp32" and train_precision("cpu", "bf16")[0] == "bf16"
+    with pytest.raises(ValueError, match="autocast must be one of"):
+        train_precision("cpu", "fp16")
+
+
 def test_autocast_context_choices():
-    """plumbing/device.autocast_context, what train.py, sample.py and eval_math.py run under: bf16 on CUDA by
-    default, fp32 on the CPU unless bf16 forces it there, off anywhere; a bad choice is one line."""
+    """plumbing/device.autocast_context, what sample.py and eval_math.py run under: bf16 on CUDA by default, fp32
+    on the CPU unless bf16 forces it there, off anywhere; a bad choice is one line."""
     for device, choice, on in (("cpu", "auto", False), ("cpu", "bf16", True), ("cpu", "off", False),
                                (torch.device("cpu"), "bf16", True)):
         with autocast_context(device, choice):

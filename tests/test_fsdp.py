@@ -2,8 +2,9 @@
 
 What runs here, each against its reference:
 - 5 steps of train.py --fsdp give the losses of train.py under DDP within 1e-5, and its weights within
-  1e-4 (Muon + AdamW, a tied head, r drawn per step so that the core runs in 1-2 grad loops and 0-2
-  without grad, 2 micro-batches a step);
+  1e-4, in fp32 (--autocast off); under --autocast bf16 (auto on a CPU with native bf16) the losses within
+  bf16's rounding, the weights within what Newton-Schulz makes of it (Muon + AdamW, a tied head, r drawn
+  per step so that the core runs in 1-2 grad loops and 0-2 without grad, 2 micro-batches a step);
 - a --fsdp run stopped after 3 steps (saving between evals too) and resumed gives the losses and weights
   of an uninterrupted one exactly; its saves list the optimizer shard files with their sha256;
 - the bytes each rank holds of parameters, gradients and optimizer states (the local shards, after a
@@ -63,9 +64,11 @@ def step_losses(out_dir):
 
 
 @pytest.mark.slow
-def test_fsdp_matches_ddp_and_resumes_exactly(depth_dir, tmp_path):
+@pytest.mark.parametrize("precision", ["off", "bf16"])  # what --autocast auto picks on a CPU without / with bf16
+def test_fsdp_matches_ddp_and_resumes_exactly(depth_dir, tmp_path, precision):
     T = json.load(open(depth_dir / "meta.json"))["seq_len"]
-    common = [*TINY, "--data", str(depth_dir), "--eval_interval=3", f"--total_batch_tokens={16 * T}"]  # 2 micro-batches
+    common = [*TINY, f"--autocast={precision}", "--data", str(depth_dir), "--eval_interval=3",
+              f"--total_batch_tokens={16 * T}"]  # 2 micro-batches
     run_train([*common, "--out_dir", str(tmp_path / "ddp"), "--max_iters=5"])
     run_train([*common, "--out_dir", str(tmp_path / "fsdp"), "--max_iters=5", "--fsdp"])
     # stopped after 3 steps, saving between evals too (every step), then resumed to 5
@@ -74,13 +77,23 @@ def test_fsdp_matches_ddp_and_resumes_exactly(depth_dir, tmp_path):
 
     ddp, full, half = (step_losses(tmp_path / d) for d in ("ddp", "fsdp", "half"))
     assert sorted(ddp) == sorted(full) == sorted(half) == [1, 2, 3, 4, 5]
+    # fp32: within fp32's rounding. bf16: FSDP2 gathers every weight in bf16 (the norms' and the embedding's too,
+    # which autocast leaves fp32 under DDP) and sums gradients in bf16 until the reduce-scatter: the same products
+    # rounded at other places (u = 2^-8), so the losses agree to a few u. The weights drift further: Newton-Schulz
+    # maps a gradient's small singular directions to ~1 (x3.4 per iteration, 5 iterations), so a difference of u in
+    # a gradient becomes hundreds of u in the update, in fp32 too (1e-4 relative from fp32's 6e-8; measured 7e-2 in
+    # bf16): the bound is per tensor, relative, to that size
+    loss_tol, weight_tol = (1e-5, 1e-4) if precision == "off" else (2e-3 * ddp[1], 0.15)
     for s in ddp:
-        assert abs(ddp[s] - full[s]) < 1e-5, (s, ddp[s], full[s])
+        assert abs(ddp[s] - full[s]) < loss_tol, (s, ddp[s], full[s])
     assert [full[s] for s in full] == [half[s] for s in full]  # identical, not merely close
     weights = {d: load_file(tmp_path / d / "model.safetensors") for d in ("ddp", "fsdp", "half")}
     assert sorted(weights["fsdp"]) == sorted(weights["ddp"])  # the same names: other scripts read it as ever
     assert all(torch.equal(weights["fsdp"][k], weights["half"][k]) for k in weights["fsdp"])
-    assert max((weights["fsdp"][k] - weights["ddp"][k]).abs().max().item() for k in weights["ddp"]) < 1e-4
+    a, b = weights["fsdp"], weights["ddp"]
+    drift = max(((a[k] - b[k]).abs().max() if precision == "off" else (a[k] - b[k]).norm() / b[k].norm()).item()
+                for k in b)
+    assert drift < weight_tol, drift
     RecurrentGPT.from_pretrained(tmp_path / "fsdp")  # loads like any checkpoint
 
     # the save: one directory, its optimizer shards listed (with sha256) in the manifest, verified

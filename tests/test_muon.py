@@ -66,7 +66,7 @@ def test_bf16_matches_torch_muon(kwargs):
 
 @pytest.mark.parametrize("kwargs", HYPER)
 def test_fp32_matches_torch_muon_within_bf16_error(kwargs):
-    init, ours, ref = run_both(kwargs, None, steps=1)
+    init, ours, ref = run_both(kwargs, torch.float32, steps=1)
     lr, wd = kwargs["lr"], kwargs["weight_decay"]
     coeffs, steps = kwargs.get("ns_coefficients", NS_COEFFICIENTS), kwargs.get("ns_steps", 5)
     g = torch.Generator().manual_seed(0)
