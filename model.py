@@ -24,6 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from exit_gate import ExitGate
+
 IGNORE_INDEX = -1  # target value that carries no loss (nanoGPT convention)
 
 
@@ -216,6 +218,7 @@ class RecurrentConfig:
     state_std: float | None = None  # None: sqrt(2 / (5 h)) as in Huginn
     norm_before_coda: bool = False  # Huginn applies the final norm to s_r before the coda, and again after it
     mean_recurrence: int = 4  # r used when num_steps is None
+    exit_gate: bool = False  # a learned exit gate on the state (exit_gate.py; train.py --exit_gate)
     # provenance, written by surgery.py / train.py
     layers: dict | None = None  # {"prelude": [...], "core": [...], "coda": [...]} parent layer indices
     parent: dict | None = None  # where the weights came from (id, revision or file hash)
@@ -267,6 +270,8 @@ class RecurrentGPT(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling), persistent=False)
         self.apply(self._init_weights)
+        if c.exit_gate:  # P(stop after loop i) from s_i (sample.py --exit gate); zero-initialized, after _init_weights
+            self.exit_gate = ExitGate(c.n_embd)
         if c.recurrent:
             self.reset_adapter()
 

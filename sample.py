@@ -48,8 +48,10 @@ from plumbing.kv_cache import KVCache, WriteRows
 from plumbing.tokenizer import prompt_ids, stop_ids
 
 # Huginn's defaults; argmax counts loops, the rest are "value below threshold". The paper's
-# figure uses 5e-4 for kl; its code defaults to 1e-3.
-EXIT_THRESHOLDS = {"kl": 1e-3, "entropy-diff": 1e-3, "latent-diff": 0.03, "cosine": 1e-3, "argmax": 5}
+# figure uses 5e-4 for kl; its code defaults to 1e-3. gate: a learned exit gate's probability (exit_gate.py),
+# "value at or above threshold", for checkpoints that have one (train.py --exit_gate)
+EXIT_THRESHOLDS = {"kl": 1e-3, "entropy-diff": 1e-3, "latent-diff": 0.03, "cosine": 1e-3, "argmax": 5, "gate": 0.9}
+ZERO_SHOT = [c for c in EXIT_THRESHOLDS if c != "gate"]  # what any recurrent checkpoint can exit by
 
 
 @dataclass
@@ -94,6 +96,9 @@ class DecodeOptions:
             raise ValueError(f"kv_budget must be >= 1, got {self.kv_budget}")
         if self.exit_criterion is not None and not c.recurrent:
             raise ValueError("adaptive exit needs a recurrent model; this one has static depth")
+        if self.exit_criterion == "gate" and not c.exit_gate:
+            raise ValueError(f"--exit gate needs a checkpoint with a learned exit gate, and this one has none: train "
+                             f"one (train.py --exit_gate --init CHECKPOINT) or pick a criterion of {', '.join(ZERO_SHOT)}")
         if self.exit_min_loops < 1:
             raise ValueError(f"exit_min_loops must be >= 1, got {self.exit_min_loops}")
         if not self.cache and (self.kv_budget or self.exit_criterion or self.warm_start or self.draft_r):
@@ -141,21 +146,25 @@ def exit_value(criterion, prev, cur, streak=None):
 
 
 def exit_fired(criterion, value, threshold):
-    """Converged: the argmax streak reached the threshold, any other criterion's value fell below it."""
-    return value >= threshold if criterion == "argmax" else value < threshold
+    """Converged: the argmax streak or the gate's probability reached the threshold, any other criterion's value
+    fell below it."""
+    return value >= threshold if criterion in ("argmax", "gate") else value < threshold
 
 
 class ExitRule:
-    """Per-row convergence test between consecutive loops (Huginn §6.1). Every criterion compares
+    """Per-row convergence test between consecutive loops (Huginn §6.1). Every zero-shot criterion compares
     loop i's output with loop i-1's, so the earliest exit is after 2 loops (argmax: after
     threshold + 1) and never before min_loops. kl, entropy-diff and argmax need a readout after
     every loop (only of the token being decoded). The math is exit_quantity, exit_value and
-    exit_fired, shared with the depth task's exit sweep (plumbing/exit_sweep.py)."""
+    exit_fired, shared with the depth task's exit sweep (plumbing/exit_sweep.py). gate: the learned
+    gate (exit_gate.py, the model's exit_gate) reads loop i's state alone, and may stop after loop 1."""
 
-    def __init__(self, criterion, threshold=None, min_loops=1):
+    def __init__(self, criterion, threshold=None, min_loops=1, gate=None):
         if criterion not in EXIT_THRESHOLDS:
             raise ValueError(f"unknown exit criterion {criterion!r}: choose from {', '.join(EXIT_THRESHOLDS)}")
-        self.criterion, self.min_loops = criterion, min_loops
+        if criterion == "gate" and gate is None:
+            raise ValueError("the gate criterion needs the model's exit gate (exit_gate.py)")
+        self.criterion, self.min_loops, self.gate = criterion, min_loops, gate
         self.threshold = EXIT_THRESHOLDS[criterion] if threshold is None else threshold
         self.needs_readout = criterion in ("kl", "entropy-diff", "argmax")
 
@@ -171,7 +180,9 @@ class ExitRule:
     def converged(self, i, s_prev, s, logits):
         """i: 0-based loop just run; s_prev, s: (B, 1, h); logits (B, 1, V) or None -> (B,) bool."""
         c = self.criterion
-        if c in ("latent-diff", "cosine"):  # s_0 is the initial state, not a loop's output: nothing to compare at i = 0
+        if c == "gate":
+            value = self.gate.probability(s_prev[:, -1], s[:, -1])  # (B,)
+        elif c in ("latent-diff", "cosine"):  # s_0 is the initial state, not a loop's output: nothing to compare at i = 0
             q = lambda t: exit_quantity(c, t[:, -1], None)  # (B, h) fp32
             value = None if i == 0 else exit_value(c, q(s_prev), q(s))
         else:
@@ -376,7 +387,8 @@ def _batch(model, prompts, opt, gen, stats):
     idx = torch.tensor([[pad_id] * n + list(p) for n, p in zip(pads, prompts)], device=device)
     max_len = L + opt.max_new_tokens
     kv = _new_cache(model, B, max_len, opt) if opt.cache else None
-    rule = ExitRule(opt.exit_criterion, opt.exit_threshold, opt.exit_min_loops) if opt.exit_criterion else None
+    gate = getattr(model, "exit_gate", None)
+    rule = ExitRule(opt.exit_criterion, opt.exit_threshold, opt.exit_min_loops, gate) if opt.exit_criterion else None
     fwd = CachedForward(model, pads, max_len, opt.r, kv, rule, opt.warm_start, gen)
     stats["kv_bytes"] = kv.nbytes if kv is not None else 0
     t0 = time.perf_counter()

@@ -46,6 +46,7 @@ from plumbing.cli import at_least, int_list, read_json, str2bool
 from plumbing.device import AUTOCAST, autocast_context, compile_blocks, setup, train_precision
 from plumbing.upload import check_push, push_to_hub
 from model import IGNORE_INDEX, RecurrentConfig, RecurrentGPT
+from exit_gate import add_exit_gate, gate_loss
 from muon import Muon
 
 # -----------------------------------------------------------------------------
@@ -93,6 +94,8 @@ RECIPE_FLAGS = dict(
     grad_clip=(1.0, "clip the gradient norm to this; 0 = no clipping"),
     freeze=("none", "none | base (only the adapter, and norms with --train_norms, train)", ("none", "base")),
     train_norms=(False, "with --freeze base: the RMSNorm weights train too"),
+    exit_gate=(False, "train only a learned exit gate (exit_gate.py) on the frozen recurrent --init checkpoint"),
+    exit_gate_r=(32, "with --exit_gate: the loops of the trajectory the gate learns on"),
 )
 RUN_FLAGS = dict(
     config=("", "JSON file of defaults; command-line flags override it"),
@@ -190,6 +193,10 @@ def check_args(args):
     for key, allowed in CHOICES.items():
         if getattr(args, key) not in allowed:
             raise TrainError(f"--{key} must be one of {', '.join(map(repr, allowed))}, not {getattr(args, key)!r}")
+    if args.exit_gate and (args.init == "scratch" or args.static or args.fsdp or
+                           int(os.environ.get("WORLD_SIZE", 1)) > 1):
+        raise TrainError("--exit_gate trains a gate on a trained recurrent model, in one process: pass --init with "
+                         "its checkpoint directory, without --static, --fsdp or torchrun")
     if args.init == "scratch" and args.n_embd % args.n_head:
         raise TrainError(f"--n_embd {args.n_embd} is not a multiple of --n_head {args.n_head}")
     if args.push_to_hub:  # a bad repo id, offline or no login: said now, not after the run
@@ -252,9 +259,10 @@ def depth_weight_at(step, args):
 
 
 @torch.no_grad()
-def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, autocast):
+def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, autocast, gate=False):
     """Validation loss (and, for labeled data, accuracy overall and per task depth k) at each r, on
-    the same fixed batches every time; the global RNG is forked so evaluating never changes training."""
+    the same fixed batches every time; the global RNG is forked so evaluating never changes training.
+    gate (--exit_gate): the exit gate's loss on the trajectory of r loops instead (exit_gate.py)."""
     model.eval()
     out = {}
     bar = tqdm(total=len(r_values) * eval_iters, desc="eval", unit="batch", leave=False, disable=None,
@@ -267,9 +275,9 @@ def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, a
             for it in range(eval_iters):
                 x, y, depths = get_batch(data, batch_rows(it, batch_size, data["n"], seed, "val"), device)
                 with autocast:
-                    logits, loss = model(x, y, num_steps=r)
+                    logits, loss = (None, gate_loss(model, x, y, r)) if gate else model(x, y, num_steps=r)
                 losses.append(loss.item())
-                if data["targets"] is not None:  # per-position labels: accuracy, by depth when known
+                if data["targets"] is not None and logits is not None:  # per-position labels: accuracy, by depth when known
                     hit = (logits.argmax(-1) == y) & (y != IGNORE_INDEX)
                     group = depths if depths is not None else (y != IGNORE_INDEX).long()
                     for kk in group[y != IGNORE_INDEX].unique().tolist():
@@ -293,8 +301,10 @@ def evaluate(model, val_data, args, device, autocast, step, levels, log, bar):
     at each r and the adapter's norms, logged and printed; the run stops if the model about to be saved
     diverged. Returns the seconds estimate_loss took."""
     eval_r = int_list(args.eval_r, "--eval_r") if model.config.recurrent else [1]  # a static model runs its core once
+    eval_r = [args.exit_gate_r] if args.exit_gate else eval_r  # the gate's loss; the frozen model's would not move
     t_eval = time.time()
-    val = estimate_loss(model, val_data, eval_r, args.eval_iters, args.batch_size, device, args.seed, autocast)
+    val = estimate_loss(model, val_data, eval_r, args.eval_iters, args.batch_size, device, args.seed, autocast,
+                        args.exit_gate)
     seconds = time.time() - t_eval
     run_dir.report_eval(log, bar, step, val, model)
     guards.check_eval(levels, val, step, args.diverge_factor, args.out_dir)  # before it is saved
@@ -334,6 +344,10 @@ def build_model(args, meta, ckpt_dir=None):
         raise TrainError(str(err)) from None
     if meta["vocab_size"] > model.config.vocab_size:
         raise TrainError(f"data vocab_size {meta['vocab_size']} > model vocab_size {model.config.vocab_size}")
+    if args.exit_gate and not model.config.recurrent:
+        raise TrainError(f"--exit_gate needs a recurrent model: {args.init} runs its layers once")
+    if args.exit_gate and not model.config.exit_gate:  # a new gate (p = 0.5), saved under exit_gate.*
+        add_exit_gate(model)
     return model, tok_src
 
 
@@ -341,6 +355,9 @@ def make_optimizers(model, args, precision=None):
     """Muon on every 2-D matrix of the blocks and the adapter; AdamW on embeddings, head, norms and
     biases. named_parameters() lists a tied head once. --freeze=base first leaves only the adapter (and
     with --train_norms the norms) trainable. Returns a list of optimizers and the split by name."""
+    if args.exit_gate:  # the gate-only stage: every weight of the model stays as it is
+        for n, p in model.named_parameters():
+            p.requires_grad = n.startswith("exit_gate.")
     if args.freeze == "base":  # the adapter-only budget: the parent's weights stay as they are
         if not model.config.recurrent:
             raise TrainError("--freeze=base trains only the adapter, which a --static model does not have")
@@ -442,6 +459,7 @@ def train_step(run, args):
     for g in (g for o in run.opts for g in o.param_groups):
         g["lr"] = g["peak_lr"] * lr_mult
     r = sample_num_steps(step, mean_r, args.recurrence_sigma, args.seed) if model.config.recurrent else 1
+    r = args.exit_gate_r if args.exit_gate else r  # the gate learns on whole trajectories of a fixed length
     num_steps = (max(r - args.backprop_depth, 0), min(r, args.backprop_depth))  # (no-grad loops, grad loops)
     w = depth_weight_at(step, args)
     rows = batch_rows(step, args.batch_size * run.world * run.grad_accum, run.train_data["n"], args.seed)
@@ -454,8 +472,11 @@ def train_step(run, args):
         # DDP all-reduces in the last micro-batch's backward only; the head reads out at labeled positions only
         last = micro == run.grad_accum - 1
         with (run.ddp_model.no_sync() if run.wrap and not last else contextlib.nullcontext()), run.autocast:
-            loss = run.ddp_model(x, y, num_steps, seeds=seeds[mine], depths=depths, depth_weight=w,
-                                 labeled_only=True)[1] / run.grad_accum
+            if args.exit_gate:  # the frozen model's trajectory, the gate's loss (exit_gate.py)
+                loss = gate_loss(model, x, y, r, seeds[mine]) / run.grad_accum
+            else:
+                loss = run.ddp_model(x, y, num_steps, seeds=seeds[mine], depths=depths, depth_weight=w,
+                                     labeled_only=True)[1] / run.grad_accum
         loss.backward()
         loss_sum += loss.detach()
     if run.ddp:

@@ -55,7 +55,7 @@ import torch
 from model import IGNORE_INDEX
 from plumbing.cli import os_error
 from plumbing.eval_data import EvalError, load_bin
-from sample import EXIT_THRESHOLDS, exit_fired, exit_quantity, exit_value
+from sample import EXIT_THRESHOLDS, ZERO_SHOT, exit_fired, exit_quantity, exit_value
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,9 @@ LOG_SWEEP = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5, 3e-6, 1e-6, 0
 SWEEPS = {"kl": (3.0, 1.0, 0.3) + LOG_SWEEP, "entropy-diff": (3.0, 1.0, 0.3) + LOG_SWEEP,
           "cosine": (1.0, 0.3) + LOG_SWEEP,
           "latent-diff": (1.0, 0.5, 0.3, 0.1, 0.03, 0.01, 3e-3, 1e-3, 3e-4, 1e-4, 0.0),
-          "argmax": (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)}
+          "argmax": (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32),
+          # the learned gate's probability: 0 exits after loop 1, above 1 never
+          "gate": (0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 1.01)}
 WITHIN = 0.01  # "within 1 point" of fixed r_max's accuracy
 
 
@@ -81,14 +83,15 @@ def thresholds(criterion, r_max):
 # the per-position exit
 
 
-def loop_signals(states, logits):
-    """What every criterion sees at N positions over L loops. states: s_1..s_L, the loops' outputs, each (N, h);
-    logits: the L readouts after them, each (N, V), any iterable (a generator holds one loop's at a time).
-    Returns answers (L, N), each readout's argmax, and {criterion: (L, N)}: row j - 1 is exit_value of loop j
-    against loop j - 1, NaN at loop 1 where there is nothing to compare (so no value fires there); argmax's
-    row is its streak, 0 after loop 1 (sample.ExitRule.converged, loop by loop)."""
-    answers, values, prev = [], {c: [] for c in EXIT_THRESHOLDS}, {}
-    for j, (s, lg) in enumerate(zip(states, logits)):
+def loop_signals(states, logits, gate=None):
+    """What every criterion sees at N positions over L loops. states: s_0..s_L, the initial state and the loops'
+    outputs, each (N, h); logits: the L readouts after the loops, each (N, V), any iterable (a generator holds
+    one loop's at a time); gate: the model's learned exit gate (exit_gate.py), or None. Returns answers (L, N),
+    each readout's argmax, and {criterion: (L, N)}: row j - 1 is exit_value of loop j against loop j - 1, NaN
+    at loop 1 where there is nothing to compare (so no value fires there); argmax's row is its streak, 0 after
+    loop 1; the gate's, its probability after loop j (sample.ExitRule.converged, loop by loop)."""
+    answers, values, prev = [], {c: [] for c in ZERO_SHOT}, {}
+    for j, (s, lg) in enumerate(zip(states[1:], logits)):
         answers.append(lg.argmax(-1))  # the answer eval_math.py's run_depth reads
         for c, vals in values.items():
             cur = exit_quantity(c, s, lg)  # (N, h), (N, V) or (N,)
@@ -98,7 +101,10 @@ def loop_signals(states, logits):
                 vals.append(torch.full(cur.shape[:1], math.nan, device=cur.device) if j == 0
                             else exit_value(c, prev[c], cur))
             prev[c] = cur
-    return torch.stack(answers), {c: torch.stack(v) for c, v in values.items()}
+    values = {c: torch.stack(v) for c, v in values.items()}
+    if gate is not None:
+        values["gate"] = gate.trajectory(states)
+    return torch.stack(answers), values
 
 
 def first_exit(criterion, value, threshold, min_loops=1):
@@ -145,11 +151,11 @@ def trajectories(args, model):
         rope = model.rope(torch.arange(x.shape[1], device=x.device))
         logits = (out.logits if j == r_max else model.readout(out.states[j], rope, positions=at)
                   for j in range(1, r_max + 1))  # (N, V) after loop j, one loop at a time
-        answers, values = loop_signals([s[at] for s in out.states[1:]], logits)
+        answers, values = loop_signals([s[at] for s in out.states], logits, getattr(model, "exit_gate", None))
         parts.append(((answers == y[at]).cpu(), steps[b:b + args.batch_size][at.cpu().numpy()],
                       {c: v.cpu() for c, v in values.items()}))
     correct = torch.cat([p[0] for p in parts], 1)
-    values = {c: torch.cat([p[2][c] for p in parts], 1) for c in EXIT_THRESHOLDS}
+    values = {c: torch.cat([p[2][c] for p in parts], 1) for c in parts[0][2]}
     return correct, np.concatenate([p[1] for p in parts]).astype(int), values, meta
 
 
@@ -161,7 +167,7 @@ def frontier(correct, steps, values, min_loops=1):
     fixed = [{"r": r, "accuracy": mean(correct[r - 1]),
               "by_k": {str(k): {"accuracy": mean(correct[r - 1][at_k[k]])} for k in ks}} for r in range(1, L + 1)]
     adaptive = []
-    for c in EXIT_THRESHOLDS:
+    for c in values:
         for thr in thresholds(c, L):
             loops = first_exit(c, values[c], thr, min_loops)
             ok = pick(correct, loops)
@@ -183,7 +189,7 @@ def best_thresholds(result, counts, kmax):
     is, the most accurate one there, within False."""
     target = over_depths(result["fixed"][-1], counts, kmax) - WITHIN - 1e-9  # (1e-9: the rounding of 0.01)
     best = {}
-    for c in EXIT_THRESHOLDS:
+    for c in dict.fromkeys(e["criterion"] for e in result["adaptive"]):  # the criteria swept, in order
         rows = [e for e in result["adaptive"] if e["criterion"] == c]
         seen = {id(e): over_depths(e, counts, kmax) for e in rows}
         ok = [e for e in rows if seen[id(e)] >= target]
@@ -232,7 +238,7 @@ def print_summary(result, best, counts, kmax, n):
     r_max = result["r_max"]
     print(f"\nexit sweep: {n} labeled positions, k = 1..{max(counts)} (trained k <= {kmax}), r_max {r_max}")
     huginn = {c: (next(e for e in result["adaptive"] if e["criterion"] == c and e["threshold"] == t), True)
-              for c, t in EXIT_THRESHOLDS.items() if t in thresholds(c, r_max)}
+              for c, t in EXIT_THRESHOLDS.items() if c in ZERO_SHOT and t in thresholds(c, r_max)}
     for title, picked in ((f"best threshold: the fewest mean loops within 1 point of fixed r={r_max} at k <= {kmax}",
                            best), ("Huginn's default thresholds", huginn)):
         print(f"{title}\n{'criterion':<16}{'threshold':>10}{'mean loops':>12}{'accuracy':>10}{f'acc k<={kmax}':>10}"
@@ -251,12 +257,12 @@ def plot(result, best, counts, kmax, out_dir):
     plt = pyplot()
     fixed, r_max, ks = result["fixed"], result["r_max"], sorted(counts)
     colors = dict(zip(EXIT_THRESHOLDS, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
-    marks = dict(zip(EXIT_THRESHOLDS, "osD^v"))  # criteria that coincide stay apart by their markers
+    marks = dict(zip(EXIT_THRESHOLDS, "osD^vP"))  # criteria that coincide stay apart by their markers
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
     for ax, (title, acc) in zip(axes, ((f"all depths k <= {max(ks)}", lambda e: e["accuracy"]),
                                        (f"trained depths k <= {kmax}", lambda e: over_depths(e, counts, kmax)))):
         ax.plot([e["r"] for e in fixed], [acc(e) for e in fixed], "k.-", lw=1.5, label="fixed r = 1..%d" % r_max)
-        for c in EXIT_THRESHOLDS:
+        for c in best:
             rows = sorted((e for e in result["adaptive"] if e["criterion"] == c), key=lambda e: e["mean_loops"])
             ax.plot([e["mean_loops"] for e in rows], [acc(e) for e in rows], "-", marker=marks[c], ms=3, lw=1,
                     color=colors[c], label=c)
@@ -275,7 +281,7 @@ def plot(result, best, counts, kmax, out_dir):
                      label=label(c, e, within))
         a0.plot(ks, [e["by_k"][str(k)]["mean_loops"] for k in ks], **style)
         a1.plot(ks, [e["by_k"][str(k)]["accuracy"] for k in ks], **style)
-    for c, t in EXIT_THRESHOLDS.items():  # Huginn's defaults, faint: where the best threshold is the loosest one
+    for c, t in ((c, EXIT_THRESHOLDS[c]) for c in ZERO_SHOT):  # Huginn's defaults, faint: where the best is loosest
         e = next((e for e in result["adaptive"] if e["criterion"] == c and e["threshold"] == t), None)
         if e is not None:
             a0.plot(ks, [e["by_k"][str(k)]["mean_loops"] for k in ks], ls=":", lw=1, color=colors[c])

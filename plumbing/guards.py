@@ -78,8 +78,10 @@ def weight_norm(params):
 
 def check_collapse(step, loss, grad_norm, norm_before, norm_after, factor, out_dir):
     """After an update: stop if it blew the weights up (their norm x factor or more in one step), or if the
-    loss was finite with an all-zero gradient. factor 0: neither check. Nothing after the last save is kept."""
-    if factor > 0 and norm_after >= factor * max(norm_before, 1e-12):
+    loss was finite with an all-zero gradient. factor 0: neither check. Nothing after the last save is kept.
+    Weights that start at zero (train.py --exit_gate's new gate) have no norm to multiply: their first step is not
+    a blow-up."""
+    if factor > 0 and norm_before > 0 and norm_after >= factor * norm_before:
         raise Stopped(f"step {step}: the update multiplied the weights' norm by {norm_after / norm_before:.3g} "
                       f"({norm_before:.4g} -> {norm_after:.4g}, --collapse_factor {factor:g}): the run collapsed, "
                       f"stopping; {on_disk(out_dir)} (lower --learning_rate / --adam_lr)")

@@ -17,21 +17,23 @@ import torch
 
 import eval_math
 from plumbing.exit_sweep import best_thresholds, first_exit, frontier, loop_signals, pick, spearman, thresholds
-from sample import EXIT_THRESHOLDS, ExitRule
+from exit_gate import ExitGate
+from sample import EXIT_THRESHOLDS, ZERO_SHOT, ExitRule
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def hand_loops():
-    """4 loops of 3 positions: states s_1..s_4 (h = 2) and readouts (V = 3), per position:
+    """4 loops of 3 positions: states s_0..s_4 (h = 2; s_0 = 0) and readouts (V = 3), per position:
     0: nothing moves; the argmax is 2 throughout
     1: the state turns, then grows along its new direction (latent-diff sqrt 2, 0.5, 0; 1 - cos 1, 0, 0);
        the readout is nearly uniform (argmax 1), then sharp on 0 from loop 2 on
     2: the state never moves; the readout peaks on 2 for loops 1-2, then on 1 (a permutation: same entropy)."""
-    s = torch.tensor([[[1., 0.], [1., 0.], [1., 0.]],
+    s = torch.tensor([[[0., 0.], [0., 0.], [0., 0.]],
+                      [[1., 0.], [1., 0.], [1., 0.]],
                       [[1., 0.], [0., 1.], [1., 0.]],
                       [[1., 0.], [0., 2.], [1., 0.]],
-                      [[1., 0.], [0., 2.], [1., 0.]]])  # (L, N, h)
+                      [[1., 0.], [0., 2.], [1., 0.]]])  # (L + 1, N, h)
     lg = torch.tensor([[[0., 0., 2.], [0., 1., 0.], [0., 0., 3.]],
                        [[0., 0., 2.], [5., 0., 0.], [0., 0., 3.]],
                        [[0., 0., 2.], [5., 0., 0.], [0., 3., 0.]],
@@ -88,10 +90,13 @@ def test_first_exit_is_exit_rules_per_token_exit(criterion):
     L, N, h, V = 8, 64, 6, 5
     s = torch.cumsum(torch.randn(L + 1, N, h, generator=g) * 0.5 ** torch.arange(L + 1.)[:, None, None], 0)
     lg = torch.cumsum(torch.randn(L, N, V, generator=g) * 0.6 ** torch.arange(L + 0.)[:, None, None], 0)
-    _, values = loop_signals(list(s[1:]), iter(lg))
+    gate = ExitGate(h)  # a learned gate with random weights: its probabilities spread over (0, 1)
+    with torch.no_grad():
+        gate.proj.weight.normal_(0, 1.0, generator=g)
+    _, values = loop_signals(list(s), iter(lg), gate)
     for threshold in thresholds(criterion, L)[::2]:
         for min_loops in (1, 3):
-            rule = ExitRule(criterion, threshold, min_loops)
+            rule = ExitRule(criterion, threshold, min_loops, gate)
             rule.reset()
             want = torch.full((N,), L)
             for i in range(L):  # all rows stay in the rule (their later decisions are not read)
@@ -108,7 +113,7 @@ def test_best_threshold_rule():
         return {"criterion": c, "threshold": thr, "mean_loops": loops, "accuracy": 0.0,
                 "by_k": {str(k): {"accuracy": a, "mean_loops": loops} for k, a in ((1, a1), (2, a2), (3, 0.0))}}
 
-    adaptive = [entry(c, t, loops, a1, a2) for c in EXIT_THRESHOLDS for t, loops, a1, a2 in
+    adaptive = [entry(c, t, loops, a1, a2) for c in ZERO_SHOT for t, loops, a1, a2 in
                 ((0.1, 2.0, 1.0, 0.76), (0.01, 3.0, 1.0, 0.785), (0.001, 5.0, 1.0, 0.8))]
     adaptive[-3:] = [entry("argmax", t, loops, 0.9, a2) for t, loops, a2 in ((1, 2.0, 0.7), (2, 3.0, 0.75))]
     best = best_thresholds({"r_max": 8, "fixed": [fixed], "adaptive": adaptive}, counts, 2)
@@ -128,7 +133,7 @@ def test_frontier_fixed_and_never_exit():
     g = torch.Generator().manual_seed(1)
     correct = torch.rand(4, 6, generator=g) < 0.5
     steps = np.array([1, 2, 1, 2, 3, 3])
-    _, values = loop_signals(list(torch.randn(4, 6, 3, generator=g)), iter(torch.randn(4, 6, 5, generator=g)))
+    _, values = loop_signals(list(torch.randn(5, 6, 3, generator=g)), iter(torch.randn(4, 6, 5, generator=g)))
     res = frontier(correct, steps, values)
     assert [e["r"] for e in res["fixed"]] == [1, 2, 3, 4] and res["r_max"] == 4
     assert res["fixed"][1]["by_k"]["3"]["accuracy"] == pytest.approx(float(correct[1, 4:].float().mean()))
@@ -163,7 +168,7 @@ def test_end_to_end_schema_plots_and_fixed_curve(depth_dir, tiny_depth_model, tm
         assert sorted(e) == ["accuracy", "by_k", "r"] and list(e["by_k"]) == ks
         assert all(sorted(v) == ["accuracy"] for v in e["by_k"].values())
     assert [e["r"] for e in res["fixed"]] == [1, 2, 3, 4]
-    assert [e["criterion"] for e in res["adaptive"]] == [c for c in EXIT_THRESHOLDS for _ in thresholds(c, 4)]
+    assert [e["criterion"] for e in res["adaptive"]] == [c for c in ZERO_SHOT for _ in thresholds(c, 4)]  # no gate
     for e in res["adaptive"]:
         assert sorted(e) == ["accuracy", "by_k", "criterion", "mean_loops", "threshold"] and list(e["by_k"]) == ks
         assert all(sorted(v) == ["accuracy", "mean_loops"] for v in e["by_k"].values())

@@ -12,7 +12,7 @@ from threadpoolctl import threadpool_info
 
 from plumbing.kv_cache import KVCache
 from model import RecurrentConfig, RecurrentGPT
-from sample import (EXIT_THRESHOLDS, CachedForward, ExitRule, context_warning, filter_logits, generate, main,
+from sample import (EXIT_THRESHOLDS, ZERO_SHOT, CachedForward, ExitRule, context_warning, filter_logits, generate, main,
                     matvec_layout)
 
 TOL = 1e-5
@@ -170,7 +170,7 @@ def test_self_speculative_stops_at_eos():
     assert spec == plain[:plain.index(eos) + 1]
 
 
-@pytest.mark.parametrize("criterion", list(EXIT_THRESHOLDS))
+@pytest.mark.parametrize("criterion", ZERO_SHOT)
 def test_exit_threshold_zero_equals_fixed_r_max(criterion):
     model, r = tiny(**CONFIGS["huginn_sandwich"]), 6
     prompts = [[3, 1, 4], [1, 5, 9, 2, 6]]
@@ -192,7 +192,9 @@ def test_exit_fires_at_the_earliest_allowed_loop(criterion):
 
 
 def test_default_thresholds_are_huginns():
-    assert EXIT_THRESHOLDS == {"kl": 1e-3, "entropy-diff": 1e-3, "latent-diff": 0.03, "cosine": 1e-3, "argmax": 5}
+    assert {c: EXIT_THRESHOLDS[c] for c in ZERO_SHOT} == {"kl": 1e-3, "entropy-diff": 1e-3, "latent-diff": 0.03,
+                                                          "cosine": 1e-3, "argmax": 5}
+    assert set(EXIT_THRESHOLDS) - set(ZERO_SHOT) == {"gate"}  # the learned gate's (exit_gate.py; tests/test_exit_gate.py)
 
 
 def test_adaptive_exit_batched_equals_unbatched():
