@@ -8,7 +8,8 @@ offline SmolLM2-135M-Instruct and, when given, a depth-task model trained by tra
    and with the parameters as loaded, timed in turn (wall and CPU time) so that load from other jobs hits all,
    beside the same weights' matrix-vector products alone (the ceiling of any decoder on these kernels);
 2. per-token decode cost as r grows on a (4,6,4) retrofit: P + r R + C layers, so it should be linear;
-3. adaptive exit vs fixed r on the S3 depth task: accuracy and mean loops per token (--depth_ckpt);
+3. adaptive exit vs fixed r on the S3 depth task: accuracy and mean loops per token (--depth_ckpt; with a
+   learned exit gate, exit_gate.py, at --gate_threshold too);
 4. KV memory and speed with a KV budget (slot i mod N) vs the full cache, and how many greedy
    tokens still agree with the full cache.
 Figures go to standard error, one table per section.
@@ -32,7 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from plumbing.decode import Matvec  # noqa: E402
 from plumbing.kv_cache import KVCache  # noqa: E402
-from sample import EXIT_THRESHOLDS, CachedForward, ExitRule, generate, matvec_layout  # noqa: E402
+from sample import EXIT_THRESHOLDS, ZERO_SHOT, CachedForward, ExitRule, generate, matvec_layout  # noqa: E402
 
 # 64 tokens in SmolLM2's chat template (the decode comparison's prompt length)
 PROMPT = ("Write a short story about a robot who learns to paint. It lives in a small town by the sea, works nights "
@@ -245,8 +246,10 @@ def section_depth(args):
         log(f"   fixed r={r:<17d} {acc:8.3f}   {n:8.2f}   {kv / 1024:18.1f}")
         if r == r_max:
             base_acc, base_n = acc, n
-    for crit, thr in EXIT_THRESHOLDS.items():
-        rule = ExitRule(crit, thr, args.exit_min_loops)
+    gate = getattr(model, "exit_gate", None)  # a learned gate (exit_gate.py) when the checkpoint has one
+    for crit in ZERO_SHOT + (["gate"] if gate is not None else []):
+        thr = args.gate_threshold if crit == "gate" else EXIT_THRESHOLDS[crit]
+        rule = ExitRule(crit, thr, args.exit_min_loops, gate)
         acc, n, kv = depth_eval(model, ids, targets, r_max, rule, args.batch_size, args.seed)
         log(f"   exit {crit:<12s} {thr:<8g} {acc:8.3f}   {n:8.2f}   {kv / 1024:18.1f}   ({base_n / n:.1f}x fewer "
             f"loops, {100 * (acc - base_acc):+.1f} points vs fixed r={r_max}; goal >= 2x within 1 point)")
@@ -304,6 +307,8 @@ def main(argv=None):
     p.add_argument("--depth_rows", type=int, default=1000, help="section 3: val rows used")
     p.add_argument("--depth_r", type=int, default=32, help="section 3: r_max (fixed-r baseline and exit cap)")
     p.add_argument("--exit_min_loops", type=int, default=1, help="section 3: never exit before this many loops")
+    p.add_argument("--gate_threshold", type=float, default=EXIT_THRESHOLDS["gate"],
+                   help="section 3: the learned exit gate's threshold, when --depth_ckpt has a gate")
     p.add_argument("--batch_size", type=int, default=1000, help="section 3: rows per batch")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--threads", type=int, default=1,

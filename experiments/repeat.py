@@ -44,6 +44,16 @@ def run(cmd):
         sys.exit(f"repeat.py: error: {shlex.join(cmd[:2])} failed (its message is above); fix it and rerun")
 
 
+def trained_on(train_args):
+    """The data dir train.py reads for these arguments: --data, else its --config file's, else train.py's default."""
+    import train  # here: only a depth evaluation needs it
+
+    try:
+        return train.parse_args(train_args).data
+    except train.TrainError as err:
+        sys.exit(f"repeat.py: error: the train.py arguments after --: {err}")
+
+
 def seed_result(seed, out_dir, train_args, eval_r, eval_args):
     """The eval summary of one seed: trained and evaluated now, or reused when OUT/seed_S holds the
     result of exactly this command. eval_args None: no depth evaluation (text data), the summary is the
@@ -51,7 +61,7 @@ def seed_result(seed, out_dir, train_args, eval_r, eval_args):
     run_dir = out_dir / f"seed_{seed}"
     train_args = [a.replace("{seed}", str(seed)) for a in train_args]
     train_cmd = [sys.executable, "train.py", *train_args, "--seed", str(seed), "--out_dir", str(run_dir)]
-    data = train_args[train_args.index("--data") + 1] if "--data" in train_args else "data/depth"
+    data = trained_on(train_args)
     eval_cmd = None if eval_args is None else [
         sys.executable, "eval_math.py", "--init", str(run_dir), "--task", "depth", "--data", data,
         "--r", eval_r, "--out_dir", str(run_dir / "eval"), *eval_args]

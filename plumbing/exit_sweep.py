@@ -41,7 +41,7 @@ position per decode step, at Huginn's thresholds):
     python eval_math.py --init out/depth --task depth --data data/depth --r 32 --exit_sweep --out_dir out/eval/exits
 Writes exit_frontier.json ({"r_max", "fixed": [{r, accuracy, by_k}], "adaptive": [{criterion, threshold,
 mean_loops, accuracy, by_k}]}), exit_frontier.png, loops_by_depth.png, and prints each criterion's best
-threshold: the fewest mean loops within 1 point of fixed r_max's accuracy over the trained depths.
+threshold: the fewest mean loops within 1 point of fixed r_max's accuracy over the trained depths, and over all.
 Test: python -m pytest -q tests/test_exit_sweep.py
 """
 
@@ -234,18 +234,21 @@ def summary_rows(result, picked, counts, kmax):
 
 
 def print_summary(result, best, counts, kmax, n):
-    """The table at each criterion's best threshold, then at Huginn's default one (sample.EXIT_THRESHOLDS)."""
-    r_max = result["r_max"]
-    print(f"\nexit sweep: {n} labeled positions, k = 1..{max(counts)} (trained k <= {kmax}), r_max {r_max}")
+    """The table at each criterion's best threshold (over the trained depths, then over all), then at Huginn's
+    default one (sample.EXIT_THRESHOLDS)."""
+    r_max, k_all = result["r_max"], max(counts)
+    print(f"\nexit sweep: {n} labeled positions, k = 1..{k_all} (trained k <= {kmax}), r_max {r_max}")
     huginn = {c: (next(e for e in result["adaptive"] if e["criterion"] == c and e["threshold"] == t), True)
               for c, t in EXIT_THRESHOLDS.items() if c in ZERO_SHOT and t in thresholds(c, r_max)}
+    best_all = best_thresholds(result, counts, k_all)
     for title, picked in ((f"best threshold: the fewest mean loops within 1 point of fixed r={r_max} at k <= {kmax}",
-                           best), ("Huginn's default thresholds", huginn)):
+                           best), (f"best threshold over all depths k <= {k_all}", best_all),
+                          ("Huginn's default thresholds", huginn)):
         print(f"{title}\n{'criterion':<16}{'threshold':>10}{'mean loops':>12}{'accuracy':>10}{f'acc k<={kmax}':>10}"
               f"{'spearman(k, loops)':>20}")
         for name, thr, loops, acc, seen, rho in summary_rows(result, picked, counts, kmax):
             print(f"{name:<16}{thr:>10}{loops:>12.2f}{acc:>10.3f}{seen:>10.3f}{rho:>20.3f}")
-    if not all(within for _, within in best.values()):
+    if not all(within for _, within in (*best.values(), *best_all.values())):
         print("* no threshold within 1 point: the most accurate one")
 
 
