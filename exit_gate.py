@@ -2,7 +2,7 @@
 A learned exit gate: after loop i, the probability that a token's answer is already the one it will keep.
 
 Huginn-0125 (Geiping et al. 2025, arXiv 2502.05171, §6.1) exits a token zero-shot, when two consecutive loops
-agree (sample.py's kl, entropy-diff, latent-diff, cosine and argmax criteria). Ouro (arXiv 2510.25741, §3.3)
+agree (sample.py's kl, entropy-diff, latent-diff, cosine and argmax criteria). Ouro (arXiv 2510.25741)
 trains a gate instead: a per-loop exit probability, first with an entropy-regularized expected loss, then in
 a gate-only stage on the frozen model. This is the gate-only stage, on a frozen recurrent checkpoint:
 
@@ -13,7 +13,7 @@ a gate-only stage on the frozen model. This is the gate-only stage, on a frozen 
                 positions (every position of data without labels)
 
 and at test time a token stops after the first loop whose gate reaches --exit_threshold Q (sample.py
-`--exit gate`, eval_math.py, the transformers remote code): Q trades loops for accuracy without retraining.
+`--exit gate`, eval_math.py --exit_criterion gate, the exit sweep): Q trades loops for accuracy, no retraining.
 
 Why the state and not the coda's output: the gate then costs two h-vector products per loop and no
 readout, so a token that goes on looping pays nothing for asking; the coda's output would need the coda after
@@ -21,11 +21,12 @@ every loop, as kl and entropy do. Why the step too: the state alone does not say
 it (a gate on rmsnorm(s_i) alone, tried first on the from-scratch depth model, gave every loop of a depth-6
 label the same p ~ 0.97 and exited half of them after loop 1, wrong); the step's size is latent-diff's signal
 (sample.py), its direction says which way the answer is still moving. rmsnorm without a weight: the state's
-scale grows with the loop (Huginn's s_0 is scaled by sqrt(h)), the gate reads directions and the log size. Why this target and not Ouro's expected loss: with the
-model frozen the best exit is known exactly, the first loop from which the answer no longer changes, so the
-gate learns it as a label (no entropy weight to tune, no collapse to always-exit or never-exit); it asks for
-agreement with loop R, not for the right answer, so the gate aims at fixed r = R's accuracy at fewer loops,
-which is what adaptive depth promises, and needs no labels.
+scale grows with the loop (Huginn's s_0 is scaled by sqrt(h)), the gate reads directions and the log size.
+Why this target and not Ouro's expected loss: with the model frozen the best exit is known exactly, the first
+loop from which the answer no longer changes, so the gate learns it as a label (no entropy weight to tune, no
+collapse to always-exit or never-exit); it asks for agreement with loop R, not for the right answer, so the gate
+aims at fixed r = R's accuracy at fewer loops, which is what adaptive depth promises, and needs no labels. What
+it cannot know: depths its training rows never held (RESULTS.md, "Where does adaptive depth spend its loops?").
 
     python train.py --config config/cpu_exit_gate.json --init out/depth --data data/depth --out_dir out/depth_gate
     python eval_math.py --init out/depth_gate --task depth --data data/depth --r 32 --exit_sweep

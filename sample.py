@@ -97,8 +97,9 @@ class DecodeOptions:
         if self.exit_criterion is not None and not c.recurrent:
             raise ValueError("adaptive exit needs a recurrent model; this one has static depth")
         if self.exit_criterion == "gate" and not c.exit_gate:
-            raise ValueError(f"--exit gate needs a checkpoint with a learned exit gate, and this one has none: train "
-                             f"one (train.py --exit_gate --init CHECKPOINT) or pick a criterion of {', '.join(ZERO_SHOT)}")
+            raise ValueError("--exit gate needs a checkpoint with a learned exit gate, and this one has none: train "
+                             "one (train.py --exit_gate --init CHECKPOINT) or pick a criterion of "
+                             + ", ".join(ZERO_SHOT))
         if self.exit_min_loops < 1:
             raise ValueError(f"exit_min_loops must be >= 1, got {self.exit_min_loops}")
         if not self.cache and (self.kv_budget or self.exit_criterion or self.warm_start or self.draft_r):
@@ -182,7 +183,7 @@ class ExitRule:
         c = self.criterion
         if c == "gate":
             value = self.gate.probability(s_prev[:, -1], s[:, -1])  # (B,)
-        elif c in ("latent-diff", "cosine"):  # s_0 is the initial state, not a loop's output: nothing to compare at i = 0
+        elif c in ("latent-diff", "cosine"):  # s_0 is no loop's output: nothing to compare at i = 0
             q = lambda t: exit_quantity(c, t[:, -1], None)  # (B, h) fp32
             value = None if i == 0 else exit_value(c, q(s_prev), q(s))
         else:

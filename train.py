@@ -119,8 +119,8 @@ RUN_FLAGS = dict(
                       "bf16 (any CPU too) | off (fp32)", AUTOCAST),
     seed=(1337, "seeds the data order, r and s_0 draws, and a scratch model's init"),
     resume=(False, "continue the run in --out_dir exactly where it stopped, with its flags: only max_iters, eval_*, "
-                   "log_interval, ckpt_minutes, device, compile, max_bad_steps, diverge_*, peak_flops, autocast (to the run's "
-                   "precision) may differ"),
+                   "log_interval, ckpt_minutes, device, compile, max_bad_steps, diverge_*, peak_flops and autocast "
+                   "(keeping the run's precision) may differ"),
     max_bad_steps=(5, "stop after this many NaN/inf steps in a row (each is skipped)"),
     diverge_factor=(4.0, "a train loss over this times its running level and 1 nat above it is a spike (never "
                          "saved); 0 = off"),
@@ -277,7 +277,7 @@ def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, a
                 with autocast:
                     logits, loss = (None, gate_loss(model, x, y, r)) if gate else model(x, y, num_steps=r)
                 losses.append(loss.item())
-                if data["targets"] is not None and logits is not None:  # per-position labels: accuracy, by depth when known
+                if data["targets"] is not None and logits is not None:  # labels: accuracy, by depth when known
                     hit = (logits.argmax(-1) == y) & (y != IGNORE_INDEX)
                     group = depths if depths is not None else (y != IGNORE_INDEX).long()
                     for kk in group[y != IGNORE_INDEX].unique().tolist():
@@ -354,7 +354,8 @@ def build_model(args, meta, ckpt_dir=None):
 def make_optimizers(model, args, precision=None):
     """Muon on every 2-D matrix of the blocks and the adapter; AdamW on embeddings, head, norms and
     biases. named_parameters() lists a tied head once. --freeze=base first leaves only the adapter (and
-    with --train_norms the norms) trainable. Returns a list of optimizers and the split by name."""
+    with --train_norms the norms) trainable, --exit_gate only the gate. Newton-Schulz runs in precision ("bf16",
+    "fp32"; None: Muon's own rule). Returns a list of optimizers and the split by name."""
     if args.exit_gate:  # the gate-only stage: every weight of the model stays as it is
         for n, p in model.named_parameters():
             p.requires_grad = n.startswith("exit_gate.")

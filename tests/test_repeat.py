@@ -83,3 +83,16 @@ def test_seeds_table_reuse_and_refusal(tmp_path):
         train = json.loads((phase2 / f"seed_{s}" / "repeat_command.json").read_text())["train"]
         assert train[train.index("--init") + 1] == str(out / f"seed_{s}")
         assert (phase2 / f"seed_{s}" / "model.safetensors").read_bytes() != w[s - 1]  # trained on from there
+
+
+def test_each_seed_is_evaluated_on_the_data_it_trained_on(tmp_path):
+    """The depth evaluation reads the data dir train.py reads: --data, else the --config file's."""
+    from experiments.repeat import trained_on
+
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"data": "data/depth_smollm2", "max_iters": 3}))
+    assert trained_on(["--config", str(cfg)]) == "data/depth_smollm2"
+    assert trained_on(["--config", str(cfg), "--data", "elsewhere"]) == "elsewhere"
+    assert trained_on(["--max_iters", "3"]) == "data/sotu"  # train.py's own default
+    with pytest.raises(SystemExit, match="repeat.py: error: the train.py arguments after --"):
+        trained_on(["--batch_size", "0"])
