@@ -25,7 +25,7 @@ scale grows with the loop (Huginn's s_0 is scaled by sqrt(h)), the gate reads di
 Why this target and not Ouro's expected loss: with the model frozen the best exit is known exactly, the first
 loop from which the answer no longer changes, so the gate learns it as a label (no entropy weight to tune, no
 collapse to always-exit or never-exit); it asks for agreement with loop R, not for the right answer, so the gate
-aims at fixed r = R's accuracy at fewer loops, which is what adaptive depth promises, and needs no labels. What
+goes for fixed r = R's accuracy at fewer loops, which is what adaptive depth promises, and needs no labels. What
 it cannot know: depths its training rows never held (RESULTS.md, "Where does adaptive depth spend its loops?").
 
     python train.py --config config/cpu_exit_gate.json --init out/depth --data data/depth --out_dir out/depth_gate
