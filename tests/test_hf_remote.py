@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import sample
+from exit_gate import add_exit_gate
 from model import RecurrentConfig, RecurrentGPT
 from plumbing.hf_remote import HF_DIR, remote_code_files, write_remote_code, written_by_nanorecur
 from plumbing.raven import save_raven
@@ -134,6 +135,38 @@ def test_beam_search_cache(pair):
     beams = [theirs.generate(ids, num_steps=3, max_new_tokens=6, num_beams=3, do_sample=False, use_cache=c,
                              pad_token_id=0).tolist() for c in (True, False)]
     assert beams[0] == beams[1], name
+
+
+def gated_model():
+    """A tiny model with a random exit gate (nanorecur's exit_gate.py) whose exits vary by token and loop."""
+    model = add_exit_gate(tiny_model(state_init="zero"))
+    with torch.no_grad():
+        model.exit_gate.proj.weight.normal_(0, 1.0, generator=torch.Generator().manual_seed(3))
+    return model
+
+
+def test_exit_gate_generate_matches_sample(tmp_path):
+    """generate(..., exit_threshold=Q) on a gated checkpoint: the tokens of sample.py's --exit gate, whose
+    per-token exits (and the cache entries later tokens read for an exited token's skipped loops) shape them."""
+    ours = gated_model()
+    theirs = load_hf(save(ours, tmp_path))  # exit_gate.* load: no missing or unexpected keys
+    ps, r = prompts(3), 6
+    fixed = [c.tokens for c in sample.generate(ours, ps, max_new_tokens=8, num_steps=r)]
+    for q in (0.0, 0.6, 1.01):
+        got = sample.generate(ours, ps, max_new_tokens=8, num_steps=r, exit_criterion="gate", exit_threshold=q)
+        if q == 0.6:  # exits vary per token, and they change the tokens: a wrong cache would show
+            assert len({n for c in got for n in c.loops[1:]}) > 2 and [c.tokens for c in got] != fixed
+        L = max(map(len, ps))
+        ids = torch.tensor([[0] * (L - len(p)) + p for p in ps])
+        mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in ps])
+        out = theirs.generate(ids, attention_mask=mask, num_steps=r, max_new_tokens=8, do_sample=False,
+                              exit_threshold=q, pad_token_id=0)
+        assert out[:, L:].tolist() == [c.tokens for c in got], q
+    with pytest.raises(ValueError, match="use_cache"):
+        theirs.generate(ids, num_steps=r, max_new_tokens=2, exit_threshold=0.5, use_cache=False, pad_token_id=0)
+    plain = load_hf(save(tiny_model(), tmp_path / "plain"))
+    with pytest.raises(ValueError, match="exit gate"):
+        plain.generate(ids, num_steps=r, max_new_tokens=2, exit_threshold=0.5, pad_token_id=0)
 
 
 @torch.no_grad()

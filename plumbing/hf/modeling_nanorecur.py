@@ -15,6 +15,12 @@ operation is nanorecur's model.py in the same order, so the logits agree with it
     model = AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)  # add state_init="zero": deterministic
     logits = model(ids, num_steps=4).logits            # r = 4 loops of the core (default: config.mean_recurrence)
     out = model.generate(ids, num_steps=8, max_new_tokens=20, do_sample=False)
+    out = model.generate(ids, num_steps=32, exit_threshold=0.9, max_new_tokens=20)  # a checkpoint with an exit gate
+
+exit_threshold (a checkpoint trained with nanorecur's `train.py --exit_gate`, "exit_gate": true): each generated
+token stops looping after the first loop whose gate probability reaches it (never before exit_min_loops), as
+nanorecur's `sample.py --exit gate` does: the KV cache then holds, for that token's later loops, the entries of
+its last loop. Only one-token steps with the cache exit early; the prompt runs every loop.
 
 nanorecur writes this file into every directory it saves (plumbing/hf_remote.py); its source is
 plumbing/hf/modeling_nanorecur.py in the nanorecur repository.
@@ -64,6 +70,7 @@ class NanorecurConfig(PreTrainedConfig):
     state_std: float | None = None  # None: sqrt(2 / (5 h)) as in Huginn
     norm_before_coda: bool = False
     mean_recurrence: int = 4  # r when num_steps is not given
+    exit_gate: bool = False  # a learned exit gate (nanorecur's exit_gate.py) under exit_gate.*
     layers: dict | None = None  # provenance (parent layer indices, source)
     parent: dict | None = None
 
@@ -197,6 +204,22 @@ class Block(nn.Module):
         return self.post_feedforward_layernorm(x + self.mlp(self.pre_feedforward_layernorm(x)))
 
 
+class ExitGate(nn.Module):
+    """nanorecur's exit_gate.py: Linear(2h + 1 -> 1) on [rmsnorm(s_i), rmsnorm(s_i - s_{i-1}), log latent-diff],
+    the logit that the token's answer after loop i is the one it keeps (in fp32)."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        self.proj = nn.Linear(2 * n_embd + 1, 1)
+
+    def forward(self, s_prev, s):
+        s, d = s.float(), s.float() - s_prev.float()
+        size = (d.norm(dim=-1) / s.norm(dim=-1).clamp_min(1e-12)).clamp_min(1e-12).log()
+        h = (s.shape[-1],)
+        x = torch.cat([F.rms_norm(s, h), F.rms_norm(d, h, eps=1e-12), size[..., None]], dim=-1)
+        return F.linear(x, self.proj.weight.float(), self.proj.bias.float()).squeeze(-1)
+
+
 # -----------------------------------------------------------------------------
 # the model
 
@@ -238,6 +261,8 @@ class NanorecurForCausalLM(PreTrainedModel, GenerationMixin):
         self.coda = nn.ModuleList(Block(c) for _ in range(c.n_coda))
         if c.recurrent:
             self.adapter = nn.Linear(2 * c.n_embd, c.n_embd, bias=False)  # on cat[s, e], state first
+        if c.exit_gate:
+            self.exit_gate = ExitGate(c.n_embd)
         self.norm = RMSNorm(c.n_embd, c.norm_eps)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         self.post_init()
@@ -301,17 +326,41 @@ class NanorecurForCausalLM(PreTrainedModel, GenerationMixin):
             cache.layers.append(DynamicLayer())
         return cache
 
+    def exit_rows(self, s_prev, s, exited, i, threshold, min_loops):
+        """(B,) bool: the rows of a one-token step whose gate fires after loop i (0-based), of those still looping."""
+        p = torch.sigmoid(self.exit_gate(s_prev[:, -1], s[:, -1]))
+        return (p >= threshold) & ~exited & (i + 1 >= min_loops)
+
+    def freeze_exited(self, cache, n_run, r):
+        """A row that exited after n_run[b] < r loops keeps, in the cache of the current position, the entries of
+        its last loop at every later loop (what its later tokens read; nanorecur's KVCache does the same)."""
+        for b in (n_run < r).nonzero().flatten().tolist():
+            last = int(n_run[b]) - 1
+            for j in range(len(self.core)):
+                src = cache.layers[self.slot("core", j, last)]
+                for i in range(last + 1, r):
+                    dst = cache.layers[self.slot("core", j, i)]
+                    dst.keys[b, :, -1:], dst.values[b, :, -1:] = src.keys[b, :, -1:], src.values[b, :, -1:]
+
     def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None, labels=None,
-                num_steps=None, logits_to_keep=0, **kwargs):
+                num_steps=None, logits_to_keep=0, exit_threshold=None, exit_min_loops=1, **kwargs):
         """input_ids (B, T) -> CausalLMOutputWithPast: logits (B, T, V) fp32 (the last logits_to_keep positions if
         > 0), loss when labels (B, T) are given (transformers' convention: shifted here, -100 carries none), and the
-        cache. attention_mask (B, past + T): 0 on (left) padding. Other transformers keywords are ignored."""
+        cache. attention_mask (B, past + T): 0 on (left) padding. exit_threshold: the exit gate's probability at
+        which a token of a one-token cached step stops looping (None: every token runs every loop). Other
+        transformers keywords are ignored."""
         c = self.config
         n, k = self.loops(num_steps)
         if kwargs.get("inputs_embeds") is not None:
             raise ValueError("inputs_embeds is not supported: pass input_ids (the prelude starts from the token ids)")
+        if exit_threshold is not None and not c.exit_gate:
+            raise ValueError("exit_threshold needs a checkpoint with an exit gate (\"exit_gate\": true in config.json; "
+                             "nanorecur's train.py --exit_gate trains one)")
+        if exit_threshold is not None and use_cache is False:
+            raise ValueError("exit_threshold exits tokens one at a time through the KV cache: leave use_cache on")
         cache = self.prepare_cache(cache, use_cache, n + k)
         past = cache.get_seq_length() if cache is not None else 0
+        adaptive = exit_threshold is not None and cache is not None and past > 0 and input_ids.shape[1] == 1
         position_ids, mask = attention_inputs(attention_mask, position_ids, past, input_ids)
         rope = self.rope(position_ids)
         # 1. embedding + prelude, once: e (B, T, h)
@@ -323,12 +372,20 @@ class NanorecurForCausalLM(PreTrainedModel, GenerationMixin):
         e = x
         # 2. the initial state s_0 (B, T, h); 3. the loops, the first n without gradient
         s = self.init_state(e)
-        for i in range(n + k):
+        B, r = input_ids.shape[0], n + k
+        exited, n_run = torch.zeros(B, dtype=torch.bool, device=s.device), torch.full((B,), r, device=s.device)
+        for i in range(r):
             with torch.set_grad_enabled(torch.is_grad_enabled() and i >= n):
                 x = self.adapter(torch.cat([s, e], dim=-1)) if c.recurrent else e
                 for j, block in enumerate(self.core):
                     x = block(x, rope, mask, cache, self.slot("core", j, i))
+                if adaptive:  # a row that exited keeps its state; its later loops' outputs are dropped
+                    x = torch.where(exited[:, None, None], s, x)
+                    done = self.exit_rows(s, x, exited, i, exit_threshold, exit_min_loops) & (i + 1 < r)
+                    n_run[done], exited = i + 1, exited | done
                 s = x
+        if adaptive:
+            self.freeze_exited(cache, n_run, r)
         # 4. coda, final norm, head
         x = self.norm(s) if c.norm_before_coda else s
         for i, block in enumerate(self.coda):
