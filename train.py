@@ -43,7 +43,7 @@ from tqdm import tqdm
 from plumbing import checkpoint, guards, run_dir
 from plumbing.batches import batch_rows, get_batch, labeled_length, open_data, state_seeds
 from plumbing.cli import at_least, int_list, read_json, str2bool
-from plumbing.device import AUTOCAST, autocast_context, compile_blocks, setup, train_precision
+from plumbing.device import AUTOCAST, compile_blocks, precision_context, setup, train_precision
 from plumbing.upload import check_push, push_to_hub
 from model import IGNORE_INDEX, RecurrentConfig, RecurrentGPT
 from exit_gate import add_exit_gate, gate_loss
@@ -415,7 +415,7 @@ def start(args, meta, device, master, precision):
         ckpt_dir, ckpt_step = find(args, meta["fingerprint"], DEFAULTS, RESUME_MAY_CHANGE, master, precision)
     model, tok_src = build_model(args, meta, ckpt_dir)
     if args.fsdp:  # block by block onto the device, this rank's rows only; before the optimizers take them
-        fsdp.shard(model, device, "bf16" if precision == "bf16" else "off")
+        fsdp.shard(model, device, precision)
     model.to(device)
     opts, split = make_optimizers(model, args, precision)  # Newton-Schulz in the run's precision
     if args.resume and args.fsdp:  # the optimizer states are shard files (dcp.load)
@@ -530,7 +530,7 @@ def train(args):
         from plumbing import fsdp
     ddp, rank, world, device = setup(args.device)  # torchrun's ranks or one process
     precision, why = train_precision(device, args.autocast)  # bf16 where the device multiplies it natively
-    autocast = autocast_context(device, "bf16" if precision == "bf16" else "off")
+    autocast = precision_context(device, precision)
     run = SimpleNamespace(ddp=ddp, rank=rank, world=world, device=device, autocast=autocast, master=rank == 0)
     if run.master:
         print(f"precision: {precision} ({why})")

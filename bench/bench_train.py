@@ -40,7 +40,7 @@ import train  # noqa: E402
 from model import RecurrentConfig, RecurrentGPT  # noqa: E402
 from muon import Muon  # noqa: E402
 from plumbing.batches import open_data  # noqa: E402
-from plumbing.device import autocast_context, compile_blocks, train_precision  # noqa: E402
+from plumbing.device import compile_blocks, precision_context, train_precision  # noqa: E402
 
 
 def smollm2_config(shape):
@@ -187,7 +187,7 @@ def retrofit_run(data, precision, seed=0):
     run = SimpleNamespace(model=model, ddp_model=model, opts=opts, trainable=list(model.parameters()),
                           train_data=data, device=torch.device("cpu"), world=1, rank=0, grad_accum=1, wrap=False,
                           ddp=False, bad_in_row=0, step=0,
-                          autocast=autocast_context("cpu", "bf16" if precision == "bf16" else "off"))
+                          autocast=precision_context("cpu", precision))
     return run, args
 
 

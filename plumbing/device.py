@@ -53,6 +53,11 @@ def train_precision(device, choice="auto"):
     return "fp32", f"auto: this {kind.upper()} has no native bf16 products"
 
 
+def precision_context(device, precision):
+    """The context a training forward runs under for train_precision's "bf16" (autocast) or "fp32" (none)."""
+    return autocast_context(device, "bf16" if precision == "bf16" else "off")
+
+
 def autocast_context(device, choice="auto"):
     """The precision a forward pass runs under, as a reusable context: bf16 autocast with the weights left
     fp32 (choice auto: on CUDA only; bf16: on any device, the CPU included), or none (plain fp32: auto on

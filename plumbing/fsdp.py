@@ -49,7 +49,6 @@ from torch.distributed.tensor import DTensor
 
 from plumbing import checkpoint, run_dir
 from plumbing.checkpoint import RunDirError
-from plumbing.device import autocast_context
 
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shard files, written by rank 0
 
@@ -63,15 +62,14 @@ def check_flags(args):
         raise ValueError("--fsdp with --compile is not supported yet (not tested together): drop one of them")
 
 
-def shard(model, device, autocast="auto"):
+def shard(model, device, precision="fp32"):
     """fully_shard each block and an untied head, then the root (embedding, adapter, final norm; a tied head
     is one parameter with the embedding), in place, over every rank on device's type. Each block moves to the
-    device alone, so no rank ever holds the whole model there. autocast: train.py's --autocast choice; the
-    blocks' weights are gathered in the dtype it computes in (plumbing/device.py). Returns the model,
+    device alone, so no rank ever holds the whole model there. precision: the run's, "bf16" (autocast) or
+    "fp32" (plumbing/device.py train_precision); the blocks' weights are gathered in the dtype it computes in. Returns the model,
     whose parameters are now DTensors holding this rank's rows."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    context = autocast_context(device, autocast)
-    dtype = context.fast_dtype if isinstance(context, torch.autocast) else None
+    dtype = torch.bfloat16 if precision == "bf16" else None
     # cast_forward_inputs=False: the stream enters each block in fp32, as under DDP's autocast
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
     for block in (*model.prelude, *model.core, *model.coda):

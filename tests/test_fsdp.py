@@ -146,12 +146,12 @@ def one_step(model, opts, autocast=contextlib.nullcontext()):
     return loss.item(), fsdp.local_bytes(model, opts)
 
 
-def twins(autocast, **over):
-    """An unsharded model and a copy sharded over the ranks (fsdp.shard, under train.py's --autocast)."""
+def twins(precision, **over):
+    """An unsharded model and a copy sharded over the ranks (fsdp.shard, in the run's precision)."""
     ref = RecurrentGPT(RecurrentConfig(**CONFIG, **over))
     model = RecurrentGPT(RecurrentConfig(**CONFIG, **over))
     model.load_state_dict(ref.state_dict())
-    return ref, fsdp.shard(model, torch.device("cpu"), autocast)
+    return ref, fsdp.shard(model, torch.device("cpu"), precision)
 
 
 def worker(rank, world, port, out):
@@ -161,7 +161,7 @@ def worker(rank, world, port, out):
     args = train.parse_args(["--init=scratch", "--learning_rate=0.02", "--adam_lr=3e-3"])
     res = {}
     # 1. fp32, as on the CPU: every rank steps an unsharded copy and its half of a sharded one, on one batch
-    ref, model = twins("off")
+    ref, model = twins("fp32")
     res["ref_loss"], res["ref_bytes"] = one_step(ref, train.make_optimizers(ref, args)[0])
     res["loss"], res["bytes"] = one_step(model, train.make_optimizers(model, args)[0])
     full = fsdp.full_weights(model)  # on rank 0
