@@ -9,7 +9,7 @@ so recurrent and static models compare at equal compute.
 - gsm8k: "Q: ...\\nA: Let's think step by step." with n train exemplars, greedy; lm-eval's strict
   ("#### N") and flexible (last number) extraction, exact match after removing "$", "," and a final ".".
 - math:  the Minerva 4-shot prompt (Lewkowycz et al. 2022, arXiv 2206.14858), \\boxed{} answers,
-  graded by plumbing/math_grader.py (normalization plus a sympy check).
+  graded by plumbing/math_grader.py (normalization, then math-verify's equivalence).
 - depth: the S3 running product of data/depth: accuracy by (steps k, r), k up to beyond the trained depth;
   on chain-of-thought data (prepare.py --cot) by greedy generation of the chain (plumbing/depth_cot.py).
 - loss:  mean cross-entropy of fixed, seeded batches of a prepared .bin set at each r.
