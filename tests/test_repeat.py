@@ -44,6 +44,11 @@ def test_seeds_table_reuse_and_refusal(tmp_path):
             assert cell["values"] == accs and cell["mean"] == pytest.approx(np.mean(accs))
             assert cell["std"] == pytest.approx(np.std(accs, ddof=1))
     assert "| 4 (beyond) |" in summary["markdown"] and "| all k <= 3 |" in summary["markdown"]
+    # --aggregate: the same table from the seeds' eval dirs, as for seeds trained outside repeat.py
+    p = repeat("--aggregate", *(out / f"seed_{s}" / "eval" for s in (1, 2)))
+    assert p.returncode == 0 and summary["markdown"] in p.stdout, p.stderr[-2000:]
+    p = repeat("--aggregate", out / "seed_1" / "eval", tmp_path)
+    assert p.returncode != 0 and "no summary.json" in p.stderr
     # the two seeds trained differently (the seed reaches init, batches and r)
     w = [(out / f"seed_{s}" / "model.safetensors").read_bytes() for s in (1, 2)]
     assert w[0] != w[1]
