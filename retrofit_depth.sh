@@ -3,10 +3,11 @@
 # to (2,2,2), the S3 depth task in its own tokens, phase 1 (config/cpu_retrofit_depth.json: 400 steps at mean
 # r 4), phase 2 (config/cpu_retrofit_depth_phase2.json: 50 steps at mean r 16), then accuracy by (task depth k,
 # test loops r) on 1000 unseen rows per k. One seed (SEED, default 1337): RESULTS.md's tables are three seeds of
-# the same two configs (experiments/repeat.py). On 2 idle cores it took 43 min 43 s (RESULTS.md).
-# demo.sh runs a shortened version of it: STEPS=100 PHASE2_STEPS=0 (phase 1's first 100 steps only).
+# the same two configs (experiments/repeat.py). The final checkpoint is $OUT/retrofit_depth (phase 1's is
+# $OUT/retrofit_depth_phase1). On 2 idle cores in bf16 (--autocast auto here) it took 18 min 52 s (RESULTS.md). demo.sh runs it shorter: STEPS=260 PHASE2_STEPS=30, a recipe of its own three seeds
+# in RESULTS.md.
 #   bash retrofit_depth.sh                       # outputs in $OUT (default out/retrofit)
-#   STEPS=100 PHASE2_STEPS=0 OUT=out/demo bash retrofit_depth.sh
+#   STEPS=260 PHASE2_STEPS=30 OUT=out/demo bash retrofit_depth.sh
 set -euo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-out/retrofit}
@@ -17,21 +18,22 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}  # no hub: smollm2 resolves to the GGUF from PyPI
 step() { printf '\n=== %s\n' "$*"; }
 start=$(date +%s)
-rm -rf "$OUT/retrofit_depth" "$OUT/retrofit_depth_phase2"  # fresh runs (train.py without --resume would append to them)
+rm -rf "$OUT/retrofit_depth" "$OUT/retrofit_depth_phase1"  # fresh runs (train.py without --resume would append to them)
+final="$OUT/retrofit_depth"
+phase1="$OUT/retrofit_depth_phase1"
+[ "$PHASE2_STEPS" -gt 0 ] || phase1="$final"
 
 step "surgery: SmolLM2-135M (30 layers) cut to (2,2,2), adapter [0 | I]; the self-check must print diff 0"
 python surgery.py --init=smollm2 --shape 2,2,2 --out "$OUT/smollm2_2_2_2" --overwrite
 step "the depth task in SmolLM2's own tokens (' a'..' f' in, ' A'..' F' out), train depth 6, test up to 9"
 python data/depth/prepare.py --tokenizer "$OUT/smollm2_2_2_2" --out_dir "$OUT/data_depth_smollm2" --train_k 6 --test_k 9
-step "phase 1: $STEPS steps of config/cpu_retrofit_depth.json (mean r 4, per-loop supervision; ~5 s a step on 2 idle cores)"
+step "phase 1: $STEPS steps of config/cpu_retrofit_depth.json (mean r 4, per-loop supervision; ~2 s a step in bf16)"
 python train.py --config config/cpu_retrofit_depth.json --init "$OUT/smollm2_2_2_2" --data "$OUT/data_depth_smollm2" \
-  --out_dir "$OUT/retrofit_depth" --max_iters "$STEPS" --seed "$SEED"
-final="$OUT/retrofit_depth"
+  --out_dir "$phase1" --max_iters "$STEPS" --seed "$SEED"
 if [ "$PHASE2_STEPS" -gt 0 ]; then
-  step "phase 2: $PHASE2_STEPS steps of config/cpu_retrofit_depth_phase2.json (mean r 16, lr / 3), from phase 1 (~7 s a step)"
-  python train.py --config config/cpu_retrofit_depth_phase2.json --init "$OUT/retrofit_depth" \
-    --data "$OUT/data_depth_smollm2" --out_dir "$OUT/retrofit_depth_phase2" --max_iters "$PHASE2_STEPS" --seed "$SEED"
-  final="$OUT/retrofit_depth_phase2"
+  step "phase 2: $PHASE2_STEPS steps of config/cpu_retrofit_depth_phase2.json (mean r 16, lr / 3), from phase 1 (~3 s a step)"
+  python train.py --config config/cpu_retrofit_depth_phase2.json --init "$phase1" \
+    --data "$OUT/data_depth_smollm2" --out_dir "$final" --max_iters "$PHASE2_STEPS" --seed "$SEED"
 fi
 step "the retrofit's accuracy by depth k and test-time loops r"
 python eval_math.py --init "$final" --task depth --data "$OUT/data_depth_smollm2" --r 1,2,4,8,16,32 \
