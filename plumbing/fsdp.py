@@ -66,8 +66,8 @@ def shard(model, device, precision="fp32"):
     """fully_shard each block and an untied head, then the root (embedding, adapter, final norm; a tied head
     is one parameter with the embedding), in place, over every rank on device's type. Each block moves to the
     device alone, so no rank ever holds the whole model there. precision: the run's, "bf16" (autocast) or
-    "fp32" (plumbing/device.py train_precision); the blocks' weights are gathered in the dtype it computes in. Returns the model,
-    whose parameters are now DTensors holding this rank's rows."""
+    "fp32" (plumbing/device.py train_precision); the blocks' weights are gathered in the dtype it computes in.
+    Returns the model, whose parameters are now DTensors holding this rank's rows."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     dtype = torch.bfloat16 if precision == "bf16" else None
     # cast_forward_inputs=False: the stream enters each block in fp32, as under DDP's autocast

@@ -373,7 +373,8 @@ class NanorecurForCausalLM(PreTrainedModel, GenerationMixin):
         # 2. the initial state s_0 (B, T, h); 3. the loops, the first n without gradient
         s = self.init_state(e)
         B, r = input_ids.shape[0], n + k
-        exited, n_run = torch.zeros(B, dtype=torch.bool, device=s.device), torch.full((B,), r, device=s.device)
+        if adaptive:  # per row: exited yet, and after how many loops
+            exited, n_run = torch.zeros(B, dtype=torch.bool, device=s.device), torch.full((B,), r, device=s.device)
         for i in range(r):
             with torch.set_grad_enabled(torch.is_grad_enabled() and i >= n):
                 x = self.adapter(torch.cat([s, e], dim=-1)) if c.recurrent else e
