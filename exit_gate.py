@@ -36,35 +36,9 @@ Test: python -m pytest -q tests/test_exit_gate.py
 """
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-IGNORE_INDEX = -1  # model.IGNORE_INDEX (model.py imports this file)
-
-
-class ExitGate(nn.Module):
-    """Linear(2h + 1 -> 1) on the state after a loop and the step it took; starts at p = 0.5 (zero weights)."""
-
-    def __init__(self, n_embd):
-        super().__init__()
-        self.proj = nn.Linear(2 * n_embd + 1, 1)
-        nn.init.zeros_(self.proj.weight)
-        nn.init.zeros_(self.proj.bias)
-
-    def forward(self, s_prev, s):
-        """s_prev, s (..., h): the state before and after a loop -> the exit logit (...,), in fp32."""
-        s, d = s.float(), s.float() - s_prev.float()
-        size = (d.norm(dim=-1) / s.norm(dim=-1).clamp_min(1e-12)).clamp_min(1e-12).log()  # log latent-diff
-        h = (s.shape[-1],)
-        x = torch.cat([F.rms_norm(s, h), F.rms_norm(d, h, eps=1e-12), size[..., None]], dim=-1)
-        return F.linear(x, self.proj.weight.float(), self.proj.bias.float()).squeeze(-1)
-
-    def probability(self, s_prev, s):
-        return torch.sigmoid(self(s_prev, s))
-
-    def trajectory(self, states):
-        """states s_0..s_L, each (N, h) -> (L, N): the probability after each loop 1..L."""
-        return torch.stack([self.probability(a, b) for a, b in zip(states[:-1], states[1:])])
+from model import IGNORE_INDEX, ExitGate  # the gate is a module of the model; its training objective is here
 
 
 def add_exit_gate(model):

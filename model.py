@@ -1,5 +1,6 @@
 """
-The prelude / recurrent block / coda transformer of retrofitted recurrence.
+The prelude / recurrent block / coda transformer of retrofitted recurrence; the nanorecur remote code for
+transformers runs this file too, from a copy beside every checkpoint (plumbing/hf/modeling_nanorecur.py).
 
 A pretrained decoder is cut into three parts (McLeish et al. 2025, arXiv 2511.07384, on the
 architecture of Huginn-0125, Geiping et al. 2025, arXiv 2502.05171):
@@ -23,8 +24,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from exit_gate import ExitGate
 
 IGNORE_INDEX = -1  # target value that carries no loss (nanoGPT convention)
 
@@ -184,6 +183,33 @@ class Block(nn.Module):
         return self.post_feedforward_layernorm(x + self.mlp(self.pre_feedforward_layernorm(x)))
 
 
+class ExitGate(nn.Module):
+    """P(stop after loop i) from the state: Linear(2h + 1 -> 1) on [rmsnorm(s_i), rmsnorm(s_i - s_{i-1}),
+    log(|s_i - s_{i-1}| / |s_i|)], in fp32; starts at p = 0.5 (zero weights). Why these inputs, its target and its
+    training: exit_gate.py."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        self.proj = nn.Linear(2 * n_embd + 1, 1)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, s_prev, s):
+        """s_prev, s (..., h): the state before and after a loop -> the exit logit (...,), in fp32."""
+        s, d = s.float(), s.float() - s_prev.float()
+        size = (d.norm(dim=-1) / s.norm(dim=-1).clamp_min(1e-12)).clamp_min(1e-12).log()  # log latent-diff
+        h = (s.shape[-1],)
+        x = torch.cat([F.rms_norm(s, h), F.rms_norm(d, h, eps=1e-12), size[..., None]], dim=-1)
+        return F.linear(x, self.proj.weight.float(), self.proj.bias.float()).squeeze(-1)
+
+    def probability(self, s_prev, s):
+        return torch.sigmoid(self(s_prev, s))
+
+    def trajectory(self, states):
+        """states s_0..s_L, each (N, h) -> (L, N): the probability after each loop 1..L."""
+        return torch.stack([self.probability(a, b) for a, b in zip(states[:-1], states[1:])])
+
+
 # -----------------------------------------------------------------------------
 # the model
 
@@ -258,14 +284,7 @@ class RecurrentGPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = c = config
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.n_embd)
-        self.prelude = nn.ModuleList(Block(c) for _ in range(c.n_prelude))
-        self.core = nn.ModuleList(Block(c) for _ in range(c.n_core))
-        self.coda = nn.ModuleList(Block(c) for _ in range(c.n_coda))
-        if c.recurrent:
-            self.adapter = nn.Linear(2 * c.n_embd, c.n_embd, bias=False)  # acts on cat[s, e], state first
-        self.norm = RMSNorm(c.n_embd, c.norm_eps)
-        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        self.build(c)
         if c.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling), persistent=False)
@@ -274,6 +293,17 @@ class RecurrentGPT(nn.Module):
             self.exit_gate = ExitGate(c.n_embd)
         if c.recurrent:
             self.reset_adapter()
+
+    def build(self, c):
+        """The modules, under the names of a checkpoint's tensors (the transformers remote code calls this too)."""
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.n_embd)
+        self.prelude = nn.ModuleList(Block(c) for _ in range(c.n_prelude))
+        self.core = nn.ModuleList(Block(c) for _ in range(c.n_core))
+        self.coda = nn.ModuleList(Block(c) for _ in range(c.n_coda))
+        if c.recurrent:
+            self.adapter = nn.Linear(2 * c.n_embd, c.n_embd, bias=False)  # acts on cat[s, e], state first
+        self.norm = RMSNorm(c.n_embd, c.norm_eps)
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
 
     def _init_weights(self, module):
         # only for models trained from scratch; surgery overwrites everything but the adapter
@@ -471,9 +501,7 @@ class RecurrentGPT(nn.Module):
     def save_pretrained(self, out_dir, extra_config=None):
         """Write out_dir in the format every script reads (plumbing/pretrained.py), which transformers loads too:
         AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=True)."""
-        from plumbing.pretrained import save  # lazily: a reader of the model needs no checkpoint code
-
-        save(self, out_dir, extra_config)
+        checkpoint_io().save(self, out_dir, extra_config)
 
     @classmethod
     def from_state_dict(cls, config, sd, device="cpu"):
@@ -504,6 +532,16 @@ class RecurrentGPT(nn.Module):
         """Load a directory written by surgery.py or train.py (plumbing/pretrained.py). Keyword overrides replace
         config fields, e.g. state_init="zero". Other formats (raven checkpoints, parents) load with
         surgery.load_model."""
-        from plumbing.pretrained import load
+        return checkpoint_io().load(cls, path, device, **overrides)
 
-        return load(cls, path, device, **overrides)
+
+def checkpoint_io():
+    """plumbing/pretrained.py, imported when a checkpoint is saved or loaded: a reader of the model needs no
+    checkpoint code. In a try block because transformers' remote-code loader refuses a file with an import it
+    cannot find outside one, and a checkpoint's copy of this file has no plumbing/ beside it."""
+    try:
+        from plumbing import pretrained
+    except ImportError:
+        raise ImportError("RecurrentGPT.save_pretrained / from_pretrained need nanorecur's plumbing/: run from the "
+                          "repository, or load the directory with transformers (trust_remote_code=True)") from None
+    return pretrained

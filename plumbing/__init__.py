@@ -11,7 +11,7 @@
 - exit_sweep.py: eval_math.py --exit_sweep, the depth task's accuracy against mean loops per exit criterion
 - analyze_plots.py, plots.py: analyze.py's figures, and matplotlib for files with the one way the scripts save a PNG
 - hf_remote.py, hf/: the modeling code transformers runs (trust_remote_code) for our directories and the raven
-  export, written into each with config.json's auto_map
+  export, written into each with a copy of model.py (which it imports) and config.json's auto_map
 - model_card.py, upload.py: the README.md model card of a checkpoint, and the push to the hub
 - cli.py: what the scripts' command lines share (one-line errors, flag checks)
 """

@@ -2,13 +2,15 @@
 Checkpoints the ecosystem can load: the modeling code that transformers' `trust_remote_code` runs, written
 into every directory nanorecur saves, with the `auto_map` that config.json needs to find it.
 
-    write_remote_code(out_dir)          # modeling_nanorecur.py; returns {"auto_map": {...}} for config.json
-    write_remote_code(out_dir, "raven") # raven_config_minimal.py + raven_modeling_minimal.py (plumbing/raven.py's
-                                        # config.json names them in its auto_map already)
+    write_remote_code(out_dir)          # modeling_nanorecur.py + model.py; returns {"auto_map": {...}} for config.json
+    write_remote_code(out_dir, "raven") # raven_config_minimal.py + raven_modeling_minimal.py, which import the two
+                                        # above (plumbing/raven.py's config.json names them in its auto_map already)
 
 Then `AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=True)` loads it (transformers 5.x). The files
-are plumbing/hf/*.py, written byte for byte: the same bytes at every save, so a manifest's sha256 stays meaningful.
-They are the project's own code, self-contained (torch and transformers only), and each opens with the
+are plumbing/hf/*.py and model.py, written byte for byte: the same bytes at every save, so a manifest's sha256
+stays meaningful.
+They are the project's own code: the modeling files import the model's math from model.py, copied beside them,
+so a directory loads where nanorecur is not installed (torch and transformers only). Each opens with the
 words of MARKER: the raven modeling file serves both raven layouts, so a loader that tells the layout by the
 modeling file beside the weights (plumbing/raven.py) must read config.json instead when written_by_nanorecur().
 
@@ -17,15 +19,17 @@ modeling file beside the weights (plumbing/raven.py) must read config.json inste
 
 import os
 
-MARKER = "nanorecur remote code"  # the first words of every file in plumbing/hf/
+MARKER = "nanorecur remote code"  # within the first 200 characters of every file written
 HF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf")
+MODEL_PY = os.path.join(os.path.dirname(os.path.dirname(HF_DIR)), "model.py")  # the model, which they import
 
-# format -> (files copied from plumbing/hf/, the config.json entries that point transformers at them)
+# format -> (the files, from plumbing/hf/ but model.py; the config.json entries that point transformers at them)
 FORMATS = {
-    "nanorecur": (("modeling_nanorecur.py",), {"auto_map": {
+    "nanorecur": (("modeling_nanorecur.py", "model.py"), {"auto_map": {
         "AutoConfig": "modeling_nanorecur.NanorecurConfig",
         "AutoModelForCausalLM": "modeling_nanorecur.NanorecurForCausalLM"}}),
-    "raven": (("raven_config_minimal.py", "raven_modeling_minimal.py"), {"auto_map": {
+    "raven": (("raven_config_minimal.py", "raven_modeling_minimal.py", "modeling_nanorecur.py", "model.py"),
+              {"auto_map": {
         "AutoConfig": "raven_config_minimal.RavenConfig",
         "AutoModelForCausalLM": "raven_modeling_minimal.RavenForCausalLM"}}),
 }  # fmt: skip
@@ -38,7 +42,7 @@ def remote_code_files(fmt="nanorecur"):
         raise ValueError(f"unknown checkpoint format {fmt!r}: choose from {', '.join(FORMATS)}")
     out = {}
     for name in FORMATS[fmt][0]:
-        with open(os.path.join(HF_DIR, name), "rb") as f:
+        with open(MODEL_PY if name == "model.py" else os.path.join(HF_DIR, name), "rb") as f:
             out[name] = f.read()
     return out
 

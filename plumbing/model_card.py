@@ -267,8 +267,8 @@ def model_card(config_dict, command=None, raven=False):
         ("Clone nanorecur, download this repository into a directory, then `python sample.py --init DIR --r 8 "
          "--prompt \"...\"`, or in Python `RecurrentGPT.from_pretrained(DIR)` (model.py). More loops (--r) "
          "means more compute per token." + (" With transformers: `AutoModelForCausalLM.from_pretrained(repo_id, "
-                                             "trust_remote_code=True)` runs the modeling_nanorecur.py beside the "
-                                             "weights." if c.get("auto_map") else ""))
+                                             "trust_remote_code=True)` runs the modeling_nanorecur.py and model.py "
+                                             "beside the weights." if c.get("auto_map") else ""))
     out += ["## How to use", "", use, "", "## How it was made", ""]
     out += ["```", command, "```", ""] if command else ["The command was not recorded.", ""]
     out += ["## License", ""]

@@ -3,7 +3,7 @@ A model directory, the format every script reads and writes (surgery.py, train.p
 
     model.safetensors   our tensor names (a tied head left out: safetensors refuses one storage twice)
     config.json         model_type "nanorecur", every RecurrentConfig field, and auto_map for transformers
-    modeling_nanorecur.py, configuration_nanorecur.py   written by plumbing/hf_remote.py
+    modeling_nanorecur.py, model.py   the remote code transformers runs, written by plumbing/hf_remote.py
 
 so that RecurrentGPT.from_pretrained(dir) and AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)
 both load it. Nothing here unpickles: safetensors and JSON only.

@@ -25,7 +25,8 @@ RecurrentGPT cannot express is refused with one line (RavenError), never approxi
     python -m pytest -q tests/test_raven.py
 
 An exported directory holds model.safetensors, config.json, the tokenizer files and the project's own
-raven_config_minimal.py / raven_modeling_minimal.py (plumbing/hf/, both layouts), so it loads with
+raven_config_minimal.py / raven_modeling_minimal.py (plumbing/hf/, both layouts, with the model.py and
+modeling_nanorecur.py they import), so it loads with
 transformers: AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True). The published modeling
 files (tomg-group-umd/huginn-0125, or a smcleish/Recurrent-* repo for pre-norm) may replace them.
 """

@@ -10,7 +10,6 @@ published code's own logits in ../shared/fixtures.
     python -m pytest -q tests/test_hf_remote.py
 """
 
-import ast
 import hashlib
 import math
 import os
@@ -23,11 +22,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
+from transformers.dynamic_module_utils import get_imports
 
 import sample
 from exit_gate import add_exit_gate
 from model import RecurrentConfig, RecurrentGPT
-from plumbing.hf_remote import HF_DIR, remote_code_files, write_remote_code, written_by_nanorecur
+from plumbing.hf_remote import remote_code_files, write_remote_code, written_by_nanorecur
 from plumbing.raven import save_raven
 from surgery import load_model
 
@@ -231,7 +231,7 @@ def test_run_directory_links(tmp_path):
     ours = tiny_model(state_init="zero")
     save(ours, tmp_path / "ckpt" / "step-000001-abcdef")
     os.symlink("ckpt/step-000001-abcdef", tmp_path / "latest")
-    for name in ("model.safetensors", "config.json", "modeling_nanorecur.py"):
+    for name in ("model.safetensors", "config.json", *remote_code_files()):
         os.symlink(f"latest/{name}", tmp_path / name)
     ids = torch.tensor(prompts(1))
     with torch.no_grad():
@@ -256,23 +256,21 @@ def test_loads_where_nanorecur_is_not_installed(tmp_path):
 
 
 def test_remote_code_files(tmp_path):
-    """Byte for byte the same files at every save (a manifest's sha256 stays meaningful), importing only torch
-    and transformers (they run where nanorecur is not installed)."""
-    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
-    auto_map = write_remote_code(str(tmp_path / "a"))
-    write_remote_code(str(tmp_path / "b"))
-    assert auto_map == {"auto_map": {"AutoConfig": "modeling_nanorecur.NanorecurConfig",
-                                     "AutoModelForCausalLM": "modeling_nanorecur.NanorecurForCausalLM"}}
-    for name, data in remote_code_files().items():
-        digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()
-        assert digest(tmp_path / "a" / name) == digest(tmp_path / "b" / name) == hashlib.sha256(data).hexdigest()
-        tree = ast.parse(data.decode())
-        roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
-        assert roots <= {"math", "torch", "transformers"}, f"{name} imports {roots}"
-        assert written_by_nanorecur(tmp_path / "a" / name)
-    for name in remote_code_files("raven"):
-        assert written_by_nanorecur(os.path.join(HF_DIR, name))
+    """Byte for byte the same files at every save (a manifest's sha256 stays meaningful), model.py among them as it
+    is, and no import that transformers would require beyond torch, transformers and the standard library (they run
+    where nanorecur is not installed; transformers' own scan, which skips imports in try blocks)."""
+    assert write_remote_code(str(tmp_path / "x")) == {"auto_map": {
+        "AutoConfig": "modeling_nanorecur.NanorecurConfig",
+        "AutoModelForCausalLM": "modeling_nanorecur.NanorecurForCausalLM"}}
+    assert remote_code_files()["model.py"] == (Path(__file__).parents[1] / "model.py").read_bytes()
+    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()
+    for fmt in ("nanorecur", "raven"):
+        a, b = tmp_path / fmt / "a", tmp_path / fmt / "b"
+        write_remote_code(str(a), fmt), write_remote_code(str(b), fmt)
+        for name, data in remote_code_files(fmt).items():
+            assert digest(a / name) == digest(b / name) == hashlib.sha256(data).hexdigest()
+            assert set(get_imports(a / name)) <= {"math", "dataclasses", "torch", "transformers"}, name
+            assert written_by_nanorecur(a / name)
 
 
 # -----------------------------------------------------------------------------

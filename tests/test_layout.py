@@ -109,3 +109,17 @@ def test_readme_teaches_by_commands_early():
     assert len(lines) <= 250
     first_shell = next(i for i, line in enumerate(lines) if line.startswith("```bash"))
     assert first_shell < 60
+
+
+def test_the_remote_code_restates_none_of_the_model():
+    # one copy of the model's math: the transformers modeling files import model.py (a copy travels beside them);
+    # the raven file defines only the Huginn layout of its tensors (fused Wqkv and MLP, RoPE on interleaved pairs)
+    hf = REPO / "plumbing" / "hf"
+    tree = lambda name: ast.parse((hf / name).read_text()).body
+    defined = lambda body: {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    model = defined(ast.parse((REPO / "model.py").read_text()).body)
+    huginn = {"Attention", "MLP", "Block", "apply_rope"}
+    for name, layout in (("modeling_nanorecur.py", set()), ("raven_modeling_minimal.py", huginn)):
+        body = tree(name)
+        assert defined(body) & model == layout, f"{name} restates {sorted(defined(body) & model - layout)} of model.py"
+        assert any(isinstance(n, ast.ImportFrom) and n.level == 1 and n.module == "model" for n in body), name

@@ -1,8 +1,10 @@
 """
 nanorecur remote code: a "raven" checkpoint (Huginn-0125 or a retrofitted Llama) as a Hugging Face
 transformers (5.x) model, nanorecur's own code (not a copy of the published raven_modeling_minimal.py), reading
-the same tensors. It imports only torch and transformers (and its config beside it). The layout comes from
-config.json (RavenConfig.variant), not from this file, which serves both.
+the same tensors. The layout comes from config.json (RavenConfig.variant), not from this file, which serves both.
+What is common to every recurrent-depth model (RMSNorm, the RoPE frequencies, attention, the KV cache of one
+entry per block and loop, the padding mask) it imports from nanorecur's model.py and modeling_nanorecur.py,
+written beside it; what is Huginn's is here: the tensor names, the fused Wqkv and MLP, RoPE on interleaved pairs.
 
 The model (Geiping et al. 2025, arXiv 2502.05171; McLeish et al. 2025, arXiv 2511.07384):
 
@@ -28,41 +30,10 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from transformers import GenerationMixin, PreTrainedModel
-from transformers.cache_utils import DynamicCache, DynamicLayer
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from .model import RMSNorm, attend, attend_cached, rope_inv_freq
+from .modeling_nanorecur import LoopCache, LoopedCausalLM, attention_inputs
 from .raven_config_minimal import RavenConfig
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim, eps):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        xf = x.float()  # the statistic in fp32
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
-def rope_inv_freq(head_dim, theta, scaling=None):
-    """Inverse frequencies, with Llama-3's scaling (retrofit only): long wavelengths / factor, a blend in between."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))  # old configs say "type"
-    if kind == "default":
-        return inv_freq
-    if kind != "llama3":
-        raise ValueError(f"unsupported rope scaling {kind!r}: only 'llama3' is implemented")
-    factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
-    old_len = scaling["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > old_len / lo, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - lo) / (hi - lo)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < old_len / hi) & ~(wavelen > old_len / lo)
-    return torch.where(medium, smoothed, scaled)
 
 
 def apply_rope(x, cos, sin, interleaved):
@@ -88,7 +59,7 @@ class Attention(nn.Module):
             self.qk_bias = nn.Parameter(torch.zeros(2, 1, self.n_head, self.head_dim))
         self.proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=False)
 
-    def forward(self, x, rope, mask, cache, slot):
+    def forward(self, x, rope, mask, cache, key):
         B, T, _ = x.shape
         H, KV, hd = self.n_head, self.n_kv_head, self.head_dim
         q, k, v = self.Wqkv(x).split([H * hd, KV * hd, KV * hd], dim=-1)
@@ -97,13 +68,7 @@ class Attention(nn.Module):
             q, k = q + self.qk_bias[0], k + self.qk_bias[1]
         q, k = apply_rope(q, *rope, self.interleaved), apply_rope(k, *rope, self.interleaved)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hd)
-        if cache is not None:
-            k, v = cache.update(k, v, slot)  # (B, KV, S, hd): this (block, loop)'s past, then the new positions
-        gqa = KV != H
-        if mask is None:  # no padding, and a whole sequence (causal) or one new token (sees everything)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=gqa)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        y = attend(q, k, v, mask) if cache is None else attend_cached(q, k, v, mask, cache, key)  # model.py's
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -130,34 +95,15 @@ class Block(nn.Module):
         if self.sandwich:
             self.norm_3, self.norm_4 = norm(), norm()
 
-    def forward(self, x, rope, mask, cache, slot):
+    def forward(self, x, rope, mask, cache, key):
         if self.sandwich:
-            x = self.norm_2(x + self.attn(self.norm_1(x), rope, mask, cache, slot))
+            x = self.norm_2(x + self.attn(self.norm_1(x), rope, mask, cache, key))
             return self.norm_4(x + self.mlp(self.norm_3(x)))
-        x = x + self.attn(self.norm_1(x), rope, mask, cache, slot)
+        x = x + self.attn(self.norm_1(x), rope, mask, cache, key)
         return x + self.mlp(self.norm_2(x))
 
 
-def attention_inputs(attention_mask, position_ids, past, input_ids):
-    """Position ids (B, T) and the attention mask (B, 1, T, S) or None for T new tokens after `past` cached ones.
-    attention_mask (B, S) is 0 on left padding: a padded row counts its positions from its first real token, and no
-    real token attends to a pad. None (the causal default) unless there is padding or a block of tokens after a
-    past, as in nanorecur's sample.py."""
-    (B, T), dev = input_ids.shape, input_ids.device
-    S = past + T
-    if position_ids is None:
-        if attention_mask is not None:
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)[:, past:S]
-        else:
-            position_ids = torch.arange(past, S, device=dev)[None].expand(B, T)
-    if (attention_mask is None or bool(attention_mask.all())) and not (past and T > 1):
-        return position_ids, None
-    valid = attention_mask.bool() if attention_mask is not None else torch.ones(B, S, dtype=torch.bool, device=dev)
-    q, j = torch.arange(past, S, device=dev)[:, None], torch.arange(S, device=dev)[None]
-    return position_ids, ((valid[:, None, :] & (j <= q)) | (j == q))[:, None]  # a pad query sees itself: no NaN
-
-
-class RavenForCausalLM(PreTrainedModel, GenerationMixin):
+class RavenForCausalLM(LoopedCausalLM):
     """forward(input_ids, num_steps=r) runs the core r times; generate(..., num_steps=r) decodes with a KV cache
     of one entry per (block, loop), r entries per core layer (Huginn §6)."""
 
@@ -167,7 +113,6 @@ class RavenForCausalLM(PreTrainedModel, GenerationMixin):
     # freqs_cis: Huginn's stored RoPE table, derived data (recomputed). norm_3/norm_4 that a retrofit converter
     # left behind are not ignored: transformers names them as unused
     _keys_to_ignore_on_load_unexpected = [r"^freqs_cis$"]
-    _supports_sdpa = True
 
     def __init__(self, config):
         super().__init__(config)
@@ -208,6 +153,8 @@ class RavenForCausalLM(PreTrainedModel, GenerationMixin):
         c = self.config
         huginn = c.variant == "huginn"
         theta, scaling = (c.rope_base, None) if huginn else (c.rope_theta, c.rope_scaling)
+        if scaling and "rope_type" not in scaling:  # old configs say "type"
+            scaling = {**scaling, "rope_type": scaling.get("type", "default")}
         inv_freq = rope_inv_freq(c.head_dim, theta, scaling).to(position_ids.device)
         freqs = (inv_freq[None, :, None] @ position_ids[:, None, :].float()).transpose(1, 2)  # (B, T, hd/2)
         dtype = self.transformer.wte.weight.dtype
@@ -221,28 +168,9 @@ class RavenForCausalLM(PreTrainedModel, GenerationMixin):
         nn.init.trunc_normal_(s, mean=0.0, std=std, a=-3 * std, b=3 * std)
         return (s * self.embed_scale).to(e.dtype)
 
-    def slot(self, part, layer, loop=0):
-        """The cache entry of a block at a loop: the prelude's, the coda's, then core layer j at loop i, so that no
-        index moves with r (nanorecur's KVCache keys its entries by (part, layer, loop) the same way)."""
+    def parts(self):
         t = self.transformer
-        P, C, N = len(t.prelude), len(t.coda), len(t.core_block)
-        return {"prelude": layer, "coda": P + layer, "core": P + C + loop * N + layer}[part]
-
-    def prepare_cache(self, cache, use_cache, r):
-        """The cache this pass reads and writes (None without one), with room for r loops: generate() sizes its
-        DynamicCache by config.num_hidden_layers, the blocks of one pass at mean_recurrence."""
-        if use_cache is False:
-            return None
-        if cache is None:
-            return DynamicCache() if use_cache else None
-        N = len(self.transformer.core_block)
-        past = cache.get_seq_length()
-        if past and cache.get_seq_length(self.slot("core", N - 1, r - 1)) != past:
-            raise ValueError(f"this cache was filled with fewer than num_steps={r} loops: decode with the same "
-                             "num_steps as the prefill")
-        while len(cache.layers) < self.slot("core", 0, r):
-            cache.layers.append(DynamicLayer())
-        return cache
+        return t.prelude, t.coda, t.core_block
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None, labels=None,
                 num_steps=None, init_scale=1.0, logits_to_keep=0, **kwargs):
@@ -255,6 +183,7 @@ class RavenForCausalLM(PreTrainedModel, GenerationMixin):
         if kwargs.get("inputs_embeds") is not None:
             raise ValueError("inputs_embeds is not supported: pass input_ids (the prelude starts from the token ids)")
         cache = self.prepare_cache(cache, use_cache, n + k)
+        kv = LoopCache(cache, self.slot) if cache is not None else None
         past = cache.get_seq_length() if cache is not None else 0
         position_ids, mask = attention_inputs(attention_mask, position_ids, past, input_ids)
         rope = self.rope(position_ids)
@@ -263,7 +192,7 @@ class RavenForCausalLM(PreTrainedModel, GenerationMixin):
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
         for i, block in enumerate(t.prelude):
-            x = block(x, rope, mask, cache, self.slot("prelude", i))
+            x = block(x, rope, mask, kv, ("prelude", i, 0))
         e = x
         # 2. the initial state s_0 (B, T, h); 3. the loops, the first n without gradient
         s = self.init_state(e, init_scale)
@@ -271,19 +200,15 @@ class RavenForCausalLM(PreTrainedModel, GenerationMixin):
             with torch.set_grad_enabled(torch.is_grad_enabled() and i >= n):
                 x = t.adapter(torch.cat([s, e], dim=-1))
                 for j, block in enumerate(t.core_block):
-                    x = block(x, rope, mask, cache, self.slot("core", j, i))
+                    x = block(x, rope, mask, kv, ("core", j, i))
                 s = x
         # 4. coda, final norm, head (Huginn: ln_f before the coda too, the same weight twice)
         x = t.ln_f(s) if c.variant == "huginn" else s
         for i, block in enumerate(t.coda):
-            x = block(x, rope, mask, cache, self.slot("coda", i))
+            x = block(x, rope, mask, kv, ("coda", i, 0))
         x = t.ln_f(x)
         logits = self.lm_head(x[:, -logits_to_keep:] if logits_to_keep else x).float()
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten().to(logits.device),
-                                   ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
+        return self.output(logits, labels, cache)
 
 
 __all__ = ["RavenForCausalLM"]
