@@ -37,13 +37,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from exit_gate import EXIT_THRESHOLDS
 from model import IGNORE_INDEX
 from plumbing.cli import THREADS_HELP, Parser, at_least, default_threads, git_commit, int_list, os_error, ready_out_dir
 from plumbing.device import AUTOCAST, autocast_context, compile_blocks
 from plumbing.eval_data import EvalError, load_bin, load_problems
 from plumbing.math_grader import MINERVA_SHOTS, extract_boxed, extract_math, grade_math
 from plumbing.tokenizer import prompt_ids, stop_ids
-from sample import EXIT_THRESHOLDS
 
 REPO = Path(__file__).resolve().parent
 

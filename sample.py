@@ -7,8 +7,8 @@ decode step costs P + r R + C layers. On top of plain sampling (temperature, top
 EOS, batched prompts with left padding):
 - a KV cache with one entry per (layer, loop), prefill then one token per step (plumbing/kv_cache.py);
 - KV-cache sharing: a budget of N slots per core layer, loop i uses slot i mod N (--kv_budget);
-- adaptive exit per token: stop looping once the state or the prediction stops moving (--exit):
-  kl, entropy-diff, latent-diff, cosine or argmax, with Huginn's default thresholds; later tokens
+- adaptive exit per token: stop looping once the state or the prediction stops moving (--exit, exit_gate.py):
+  kl, entropy-diff, latent-diff, cosine or argmax, with Huginn's default thresholds, or a learned gate; later tokens
   read an exited token's latest KV entry (policy in kv_cache.py). In a batch, a row that exited
   keeps its state and leaves the batch, the core loops on the other rows only; the step ends when
   every row has exited (or at r);
@@ -39,20 +39,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
+from exit_gate import EXIT_THRESHOLDS, ZERO_SHOT, ExitRule  # adaptive exit: its criteria and the learned gate
 from plumbing.cli import THREADS_HELP, Parser, at_least, default_threads, str2bool
 from plumbing.decode import matvec_layout
 from plumbing.device import AUTOCAST, autocast_context, compile_blocks
 from plumbing.kv_cache import KVCache, WriteRows
 from plumbing.tokenizer import prompt_ids, stop_ids
-
-# Huginn's defaults; argmax counts loops, the rest are "value below threshold". The paper's
-# figure uses 5e-4 for kl; its code defaults to 1e-3. gate: a learned exit gate's probability (exit_gate.py),
-# "value at or above threshold", for checkpoints that have one (train.py --exit_gate)
-EXIT_THRESHOLDS = {"kl": 1e-3, "entropy-diff": 1e-3, "latent-diff": 0.03, "cosine": 1e-3, "argmax": 5, "gate": 0.9}
-ZERO_SHOT = [c for c in EXIT_THRESHOLDS if c != "gate"]  # what any recurrent checkpoint can exit by
-
 
 @dataclass
 class Completion:
@@ -113,89 +106,6 @@ class DecodeOptions:
                                  "it cannot combine with exit or warm_start")
             if self.stop is not None:
                 raise ValueError("stop= is not supported with draft_r (self-speculative decoding)")
-
-
-# -----------------------------------------------------------------------------
-# adaptive exit
-
-
-def exit_quantity(criterion, s, logits):
-    """What `criterion` compares between consecutive loops, in fp32: the state s (..., h) (latent-diff, cosine),
-    or of the readout logits (..., V) the log-probs (kl), their entropy (entropy-diff) or the argmax (argmax).
-    The argument a criterion does not read may be None."""
-    if criterion in ("latent-diff", "cosine"):
-        return s.float()
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    if criterion == "argmax":
-        return logp.argmax(-1)
-    return -(logp.exp() * logp).sum(-1) if criterion == "entropy-diff" else logp
-
-
-def exit_value(criterion, prev, cur, streak=None):
-    """Loop i's exit_quantity cur against loop i-1's prev -> (...,): ||s_i - s_{i-1}|| / ||s_i|| (latent-diff),
-    1 - cos(s_i, s_{i-1}) (cosine), kl(p_{i-1} || p_i) (kl), |H_i - H_{i-1}| (entropy-diff); argmax: the loops in
-    a row with an unchanged argmax, streak + 1 or 0 (streak: the count after loop i-1, 0 after the first loop)."""
-    if criterion == "latent-diff":
-        return (cur - prev).norm(dim=-1) / cur.norm(dim=-1).clamp_min(1e-12)
-    if criterion == "cosine":
-        return 1 - F.cosine_similarity(cur, prev, dim=-1)
-    if criterion == "kl":
-        return (prev.exp() * (prev - cur)).sum(-1)
-    if criterion == "entropy-diff":
-        return (cur - prev).abs()
-    return torch.where(cur == prev, streak + 1, 0)
-
-
-def exit_fired(criterion, value, threshold):
-    """Converged: the argmax streak or the gate's probability reached the threshold, any other criterion's value
-    fell below it."""
-    return value >= threshold if criterion in ("argmax", "gate") else value < threshold
-
-
-class ExitRule:
-    """Per-row convergence test between consecutive loops (Huginn §6.1). Every zero-shot criterion compares
-    loop i's output with loop i-1's, so the earliest exit is after 2 loops (argmax: after
-    threshold + 1) and never before min_loops. kl, entropy-diff and argmax need a readout after
-    every loop (only of the token being decoded). The math is exit_quantity, exit_value and
-    exit_fired, shared with the depth task's exit sweep (plumbing/exit_sweep.py). gate: the learned
-    gate (exit_gate.py, the model's exit_gate) reads loop i's state alone, and may stop after loop 1."""
-
-    def __init__(self, criterion, threshold=None, min_loops=1, gate=None):
-        if criterion not in EXIT_THRESHOLDS:
-            raise ValueError(f"unknown exit criterion {criterion!r}: choose from {', '.join(EXIT_THRESHOLDS)}")
-        if criterion == "gate" and gate is None:
-            raise ValueError("the gate criterion needs the model's exit gate (exit_gate.py)")
-        self.criterion, self.min_loops, self.gate = criterion, min_loops, gate
-        self.threshold = EXIT_THRESHOLDS[criterion] if threshold is None else threshold
-        self.needs_readout = criterion in ("kl", "entropy-diff", "argmax")
-
-    def reset(self):
-        self.prev = None  # last loop's log-probs / entropy / argmax
-        self.stable = None  # argmax: loops in a row with an unchanged argmax
-
-    def keep(self, rows):
-        """Forget the rows that left the loop: rows, (n,) bool over the rows of the last call."""
-        self.prev = None if self.prev is None else self.prev[rows]
-        self.stable = None if self.stable is None else self.stable[rows]
-
-    def converged(self, i, s_prev, s, logits):
-        """i: 0-based loop just run; s_prev, s: (B, 1, h); logits (B, 1, V) or None -> (B,) bool."""
-        c = self.criterion
-        if c == "gate":
-            value = self.gate.probability(s_prev[:, -1], s[:, -1])  # (B,)
-        elif c in ("latent-diff", "cosine"):  # s_0 is no loop's output: nothing to compare at i = 0
-            q = lambda t: exit_quantity(c, t[:, -1], None)  # (B, h) fp32
-            value = None if i == 0 else exit_value(c, q(s_prev), q(s))
-        else:
-            cur, first = exit_quantity(c, None, logits[:, -1]), self.prev is None  # (B, V) log-probs, or (B,)
-            if c == "argmax":
-                value = self.stable = torch.zeros_like(cur) if first else exit_value(c, self.prev, cur, self.stable)
-            else:
-                value = None if first else exit_value(c, self.prev, cur)
-            self.prev = cur
-        if value is None:
-            return torch.zeros(s.shape[0], dtype=torch.bool, device=s.device)
-        return exit_fired(c, value, self.threshold) & (i + 1 >= self.min_loops)
 
 
 # -----------------------------------------------------------------------------

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from exit_gate import EXIT_THRESHOLDS, ZERO_SHOT
 from plumbing.exit_sweep import best_thresholds, spearman
-from sample import EXIT_THRESHOLDS, ZERO_SHOT
 
 
 def seed_rows(result, kmax):

@@ -52,10 +52,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from exit_gate import EXIT_THRESHOLDS, ZERO_SHOT, exit_fired, exit_quantity, exit_value
 from model import IGNORE_INDEX
 from plumbing.cli import os_error
 from plumbing.eval_data import EvalError, load_bin
-from sample import EXIT_THRESHOLDS, ZERO_SHOT, exit_fired, exit_quantity, exit_value
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -89,7 +89,7 @@ def loop_signals(states, logits, gate=None):
     one loop's at a time); gate: the model's learned exit gate (exit_gate.py), or None. Returns answers (L, N),
     each readout's argmax, and {criterion: (L, N)}: row j - 1 is exit_value of loop j against loop j - 1, NaN
     at loop 1 where there is nothing to compare (so no value fires there); argmax's row is its streak, 0 after
-    loop 1; the gate's, its probability after loop j (sample.ExitRule.converged, loop by loop)."""
+    loop 1; the gate's, its probability after loop j (exit_gate.ExitRule.converged, loop by loop)."""
     answers, values, prev = [], {c: [] for c in ZERO_SHOT}, {}
     for j, (s, lg) in enumerate(zip(states[1:], logits)):
         answers.append(lg.argmax(-1))  # the answer eval_math.py's run_depth reads
