@@ -7,8 +7,9 @@ after each loop (kl(p_{i-1} || p_i), entropy-diff |H_i - H_{i-1}|, argmax: loops
 ExitRule applies one of them to a decoding batch row by row (sample.py --exit); exit_quantity, exit_value and
 exit_fired are its math, shared with the depth task's exit sweep (plumbing/exit_sweep.py).
 
-Learned: Ouro (arXiv 2510.25741) trains a gate instead: a per-loop exit probability, first with an entropy-regularized expected loss, then in
-a gate-only stage on the frozen model. This is the gate-only stage, on a frozen recurrent checkpoint:
+Learned: Ouro (arXiv 2510.25741) trains a gate instead, a per-loop exit probability, first with an
+entropy-regularized expected loss, then in a gate-only stage on the frozen model. This is the gate-only stage, on
+a frozen recurrent checkpoint:
 
     gate_i    = sigmoid(w . [rmsnorm(s_i), rmsnorm(s_i - s_{i-1}), log(|s_i - s_{i-1}| / |s_i|)] + b)
                 one Linear(2h + 1 -> 1) per token, on the state after loop i and the step the loop took
