@@ -64,7 +64,7 @@ def parse_args(argv=None):
     p.add_argument("--chunk", type=int, default=0, help="tokens per generate() call (0: all of --max_new_tokens in one)")
     p.add_argument("--batch_size", type=int, default=8, help="prompts (gsm8k, math) or rows (depth, loss) per forward")
     p.add_argument("--exit_criterion", default=None, choices=list(EXIT_THRESHOLDS),
-                   help="adaptive exit (sample.py), e.g. kl")
+                   help="adaptive exit (exit_gate.py), e.g. kl")
     p.add_argument("--exit_threshold", type=float, default=None, help="of --exit_criterion (default: Huginn's)")
     p.add_argument("--exit_min_loops", type=int, default=1, help="adaptive exit never before this many loops")
     p.add_argument("--exit_sweep", action="store_true", help="depth: exit criteria vs r (plumbing/exit_sweep.py)")
