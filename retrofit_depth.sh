@@ -4,8 +4,8 @@
 # r 4), phase 2 (config/cpu_retrofit_depth_phase2.json: 50 steps at mean r 16), then accuracy by (task depth k,
 # test loops r) on 1000 unseen rows per k. One seed (SEED, default 1337): RESULTS.md's tables are three seeds of
 # the same two configs (experiments/repeat.py). The final checkpoint is $OUT/retrofit_depth (phase 1's is
-# $OUT/retrofit_depth_phase1). On 2 idle cores in bf16 (--autocast auto here) it took 18 min 52 s (RESULTS.md). demo.sh runs it shorter: STEPS=260 PHASE2_STEPS=30, a recipe of its own three seeds
-# in RESULTS.md.
+# $OUT/retrofit_depth_phase1). On 2 idle cores in bf16 (--autocast auto here) it took 18 min 52 s (RESULTS.md).
+# demo.sh runs it shorter: STEPS=260 PHASE2_STEPS=30, a recipe with three seeds of its own in RESULTS.md.
 #   bash retrofit_depth.sh                       # outputs in $OUT (default out/retrofit)
 #   STEPS=260 PHASE2_STEPS=30 OUT=out/demo bash retrofit_depth.sh
 set -euo pipefail

@@ -20,15 +20,15 @@ modeling file beside the weights (plumbing/raven.py) must read config.json inste
 import os
 
 MARKER = "nanorecur remote code"  # within the first 200 characters of every file written
-HF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf")
-MODEL_PY = os.path.join(os.path.dirname(os.path.dirname(HF_DIR)), "model.py")  # the model, which they import
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# format -> (the files, from plumbing/hf/ but model.py; the config.json entries that point transformers at them)
+# format -> (the files, by their path in the repository; the config.json entries that point transformers at them)
+NANORECUR = ("plumbing/hf/modeling_nanorecur.py", "model.py")  # model.py: the model, which the modeling files import
 FORMATS = {
-    "nanorecur": (("modeling_nanorecur.py", "model.py"), {"auto_map": {
+    "nanorecur": (NANORECUR, {"auto_map": {
         "AutoConfig": "modeling_nanorecur.NanorecurConfig",
         "AutoModelForCausalLM": "modeling_nanorecur.NanorecurForCausalLM"}}),
-    "raven": (("raven_config_minimal.py", "raven_modeling_minimal.py", "modeling_nanorecur.py", "model.py"),
+    "raven": (("plumbing/hf/raven_config_minimal.py", "plumbing/hf/raven_modeling_minimal.py", *NANORECUR),
               {"auto_map": {
         "AutoConfig": "raven_config_minimal.RavenConfig",
         "AutoModelForCausalLM": "raven_modeling_minimal.RavenForCausalLM"}}),
@@ -41,9 +41,9 @@ def remote_code_files(fmt="nanorecur"):
     if fmt not in FORMATS:
         raise ValueError(f"unknown checkpoint format {fmt!r}: choose from {', '.join(FORMATS)}")
     out = {}
-    for name in FORMATS[fmt][0]:
-        with open(MODEL_PY if name == "model.py" else os.path.join(HF_DIR, name), "rb") as f:
-            out[name] = f.read()
+    for path in FORMATS[fmt][0]:
+        with open(os.path.join(REPO, path), "rb") as f:
+            out[os.path.basename(path)] = f.read()
     return out
 
 

@@ -250,7 +250,7 @@ class NanorecurForCausalLM(LoopedCausalLM):
             self.freeze_exited(cache, n_run, r)
         # 4. coda, final norm, head: the head only at the positions kept
         keep = min(logits_to_keep, T) if logits_to_keep else T
-        at = torch.arange(T, device=s.device)[None].expand(B, T) >= T - keep  # (B, T)
+        at = torch.arange(T, device=s.device)[None].expand(B, T) >= T - keep if keep < T else None  # (B, T)
         logits = self.readout(s, rope, mask, kv, positions=at).view(B, keep, -1)
         return self.output(logits, labels, cache)
 

@@ -58,6 +58,8 @@ class RavenConfig(PreTrainedConfig):
             self.padded_vocab_size = self.vocab_size
         if self.init_values is None:
             self.init_values = {"std": math.sqrt(2 / (5 * self.n_embd)), "embed_scale": math.sqrt(self.n_embd)}
+        if self.rope_scaling and "rope_type" not in self.rope_scaling:  # old configs say "type"
+            self.rope_scaling = {**self.rope_scaling, "rope_type": self.rope_scaling.get("type", "default")}
         # what the two modeling codes never do, refused rather than run differently
         if self.head_dim * self.n_heads != self.n_embd:
             raise ValueError(f"head_dim={self.head_dim} but the raven layout uses n_embd // n_heads")

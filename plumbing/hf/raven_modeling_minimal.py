@@ -153,8 +153,6 @@ class RavenForCausalLM(LoopedCausalLM):
         c = self.config
         huginn = c.variant == "huginn"
         theta, scaling = (c.rope_base, None) if huginn else (c.rope_theta, c.rope_scaling)
-        if scaling and "rope_type" not in scaling:  # old configs say "type"
-            scaling = {**scaling, "rope_type": scaling.get("type", "default")}
         inv_freq = rope_inv_freq(c.head_dim, theta, scaling).to(position_ids.device)
         freqs = (inv_freq[None, :, None] @ position_ids[:, None, :].float()).transpose(1, 2)  # (B, T, hd/2)
         dtype = self.transformer.wte.weight.dtype
