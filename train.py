@@ -27,7 +27,6 @@ the run before it is saved (--diverge_factor, plumbing/guards.py). The batches (
 everything about the run directory (plumbing/run_dir.py) are functions a reader of the recipe may skip.
 """
 
-import argparse
 import contextlib
 import math
 import os
@@ -42,7 +41,7 @@ from tqdm import tqdm
 
 from plumbing import checkpoint, guards, run_dir
 from plumbing.batches import batch_rows, get_batch, labeled_length, open_data, state_seeds
-from plumbing.cli import at_least, int_list, read_json, str2bool
+from plumbing.cli import at_least, config_defaults, flag_parser, int_list
 from plumbing.device import AUTOCAST, compile_blocks, precision_context, setup, train_precision
 from plumbing.upload import check_push, push_to_hub
 from model import IGNORE_INDEX, RecurrentConfig, RecurrentGPT
@@ -150,29 +149,11 @@ class TrainError(Exception):
 def parse_args(argv=None):
     """DEFAULTS <- --config FILE <- command line. Unknown keys anywhere are an error; flag values are
     checked here (check_args), before any data or model loads."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    for title, flags in (("the recipe", RECIPE_FLAGS), ("the run", RUN_FLAGS)):
-        group = parser.add_argument_group(title)
-        for key, (value, text, *choices) in flags.items():
-            text = text.replace("%", "%%") + " (default: %(default)r)"  # argparse %-formats help texts
-            if isinstance(value, bool):  # --static, --static=true, --static false
-                group.add_argument(f"--{key}", type=str2bool, nargs="?", const=True, default=value, help=text)
-            else:
-                # the allowed values shown as argparse shows choices; check_args refuses others in one line,
-                # from the command line or a --config file alike
-                metavar = "{" + ",".join(map(repr, choices[0])) + "}" if choices else None
-                group.add_argument(f"--{key}", type=type(value), default=value, help=text, metavar=metavar)
-    first, _ = parser.parse_known_args(argv)
-    if first.config:
-        try:
-            cfg = read_json(first.config)
-        except (OSError, ValueError) as err:
-            raise TrainError(f"--config {first.config}: {getattr(err, 'strerror', None) or err}") from None
-        cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}  # "_comment", "_phase2": documentation
-        unknown = sorted(set(cfg) - set(DEFAULTS))
-        if unknown:
-            parser.error(f"{first.config}: unknown keys {unknown}")
-        parser.set_defaults(**cfg)
+    parser = flag_parser(__doc__.split("\n\n")[0], {"the recipe": RECIPE_FLAGS, "the run": RUN_FLAGS})
+    try:
+        config_defaults(parser, argv, DEFAULTS)
+    except ValueError as err:
+        raise TrainError(str(err)) from None
     return check_args(parser.parse_args(argv))
 
 

@@ -7,6 +7,7 @@ message as their own one-line error (exit code 1), never a traceback:
 
     from plumbing.cli import Parser, int_list, at_least, ready_out_dir, os_error
     p = Parser(description=...)                        # argparse, but a bad flag is one line, not the usage
+    p = flag_parser(doc, {"the recipe": RECIPE_FLAGS}) # argparse from a flag table (train.py), --config too
     shape = int_list(args.shape, "--shape", n=3)       # "6,8,6" -> [6, 8, 6]
     at_least(args, 1, "max_new_tokens", "batch_size")  # "--batch_size 0 must be >= 1"
     ready_out_dir(args.out_dir)                        # created and written to before the evaluation
@@ -52,6 +53,41 @@ def str2bool(text):
     if text.lower() in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def flag_parser(description, groups):
+    """argparse from flag tables {group title: {key: (default, help[, allowed values])}}, the groups in --help in
+    this order (train.py). A bool flag takes --key, --key=true or --key false; the allowed values show as argparse
+    shows choices, but the script checks them itself, from the command line and a --config file alike."""
+    parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
+    for title, flags in groups.items():
+        group = parser.add_argument_group(title)
+        for key, (value, text, *choices) in flags.items():
+            text = text.replace("%", "%%") + " (default: %(default)r)"  # argparse %-formats help texts
+            if isinstance(value, bool):
+                group.add_argument(f"--{key}", type=str2bool, nargs="?", const=True, default=value, help=text)
+            else:
+                metavar = "{" + ",".join(map(repr, choices[0])) + "}" if choices else None
+                group.add_argument(f"--{key}", type=type(value), default=value, help=text, metavar=metavar)
+    return parser
+
+
+def config_defaults(parser, argv, known):
+    """Make --config FILE's keys (a JSON object; keys that start with "_" are its comments) the parser's defaults,
+    so that the command line still overrides them. An unknown key is a parser error, a file that cannot be read a
+    ValueError that names it."""
+    first, _ = parser.parse_known_args(argv)
+    if not first.config:
+        return
+    try:
+        cfg = read_json(first.config)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--config {first.config}: {getattr(err, 'strerror', None) or err}") from None
+    cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}  # "_comment", "_phase2": documentation
+    unknown = sorted(set(cfg) - set(known))
+    if unknown:
+        parser.error(f"{first.config}: unknown keys {unknown}")
+    parser.set_defaults(**cfg)
 
 
 def git_commit(short=False):
