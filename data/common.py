@@ -3,7 +3,9 @@ What the data sets share: the on-disk format (nanoGPT-style flat .bin files plus
 meta.json) written by data/<set>/prepare.py and read by train.py and the eval scripts.
 
 Format (see notes in each prepare.py):
-  DIR/train.bin, DIR/val.bin   flat token ids, dtype meta["dtype"] ("uint16" | "uint32")
+  DIR/train.bin, DIR/val.bin   flat token ids, dtype meta["dtype"] ("uint16" | "uint32"); the depth task
+                               has three splits instead (meta["splits"]): train.bin, dev.bin (what
+                               chooses steps, lr, r, thresholds) and test.bin (read for the report)
   DIR/meta.json                tokenizer fingerprint, vocab_size, dtype, token/document counts,
                                bos_id, eos_id, separator ("bos" | "eos": the document
                                separator goes before | after each document, see separator())
@@ -30,7 +32,8 @@ import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 IGNORE_INDEX = -1  # label value that the loss skips (torch cross_entropy ignore_index=-1)
-SPLITS = ("train", "val")
+SPLITS = ("train", "val")  # a text set's splits; the depth task's are DEPTH_SPLITS (meta["splits"])
+DEPTH_SPLITS = ("train", "dev", "test")
 
 
 class DataError(Exception):
@@ -84,16 +87,33 @@ def _memmap(path, dtype, what):
     return np.memmap(path, dtype=dtype, mode="r")
 
 
+def splits(meta):
+    """The splits a prepared dir holds: ("train", "dev", "test") for the depth task, ("train", "val") else."""
+    return tuple(meta.get("splits", SPLITS))
+
+
+def resolve_split(meta, split):
+    """The file name of a split: "val" and "dev" name the held-out split that choices are made on, whichever
+    of the two the data has (a text set's val, the depth task's dev); a split the data lacks is a one-line
+    ValueError."""
+    have = splits(meta)
+    if split in ("val", "dev") and split not in have:
+        split = "dev" if "dev" in have else "val"
+    if split not in have:
+        raise ValueError(f"unknown split {split!r}: this data has {', '.join(have)}")
+    return split
+
+
 def open_split(data_dir, split, meta=None):
-    """(ids, targets, steps) of one split as read-only numpy memmaps (flat, same length).
+    """(ids, targets, steps) of one split as read-only numpy memmaps (flat, same length). split: one of the
+    data's splits; "val" and "dev" are one split (resolve_split).
 
     targets (int32, -1 = ignore) and steps (uint8) are None unless meta says the data has them.
     When meta has seq_len, the arrays are whole rows: reshape(-1, meta["seq_len"]).
     """
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}: expected one of {SPLITS}")
     data_dir = Path(data_dir)
     meta = load_meta(data_dir) if meta is None else meta
+    split = resolve_split(meta, split)
     ids = _memmap(data_dir / f"{split}.bin", np.dtype(meta["dtype"]), "token ids missing")
     targets = steps = None
     if meta.get("targets"):
@@ -178,7 +198,7 @@ def write_meta(out_dir, meta):
 
 def remove_stale(out_dir, keep_targets, keep_steps):
     """Delete label files a previous run of another kind left behind in the same dir."""
-    for split in SPLITS:
+    for split in dict.fromkeys(SPLITS + DEPTH_SPLITS):
         if not keep_targets:
             (Path(out_dir) / f"{split}_targets.bin").unlink(missing_ok=True)
         if not keep_steps:
@@ -208,7 +228,7 @@ def print_summary(out_dir, meta, files):
         p = Path(out_dir) / name
         print(f"  {name:<20} {human_bytes(p.stat().st_size):>12}")
     unit = "rows" if meta.get("seq_len") else "documents"  # row data: one problem per row
-    for split in SPLITS:
+    for split in splits(meta):
         docs = meta[f"{split}_docs"]
         per = f", {meta[f'{split}_tokens'] / docs:.1f} tokens/doc" if docs else ""
         print(f"  {split}: {meta[f'{split}_tokens']:,} tokens, {docs:,} {unit}{per}")

@@ -77,8 +77,8 @@ def test_running_product_matches_brute_force_permutations():
 @pytest.fixture(scope="module")
 def depth_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("depth")
-    r = run_script("data/depth/prepare.py", "--out_dir", out, "--train_k", 5, "--test_k", 9,
-                   "--num_train", 3000, "--num_val", 300, "--seed", 5)
+    r = run_script("data/depth/prepare.py", "--out_dir", out, "--train_depth", 5, "--test_depth", 9,
+                   "--num_train", 3000, "--num_dev", 300, "--num_test", 300, "--seed", 5)
     assert r.returncode == 0, r.stderr
     return out
 
@@ -88,7 +88,8 @@ def test_depth_format(depth_dir):
     assert meta["seq_len"] == 10 and meta["train_max_k"] == 5 and meta["test_max_k"] == 9
     assert meta["vocab_size"] == len(meta["tokens"]) == 14 and meta["ignore_index"] == -1
     assert meta["fingerprint"] == depth.vocab_fingerprint() and meta["dtype"] == "uint16"
-    for split, n in (("train", 3000), ("val", 300)):
+    assert meta["splits"] == ["train", "dev", "test"]
+    for split, n in (("train", 3000), ("dev", 300), ("test", 300)):
         # raw sizes: uint16 ids, int32 targets, uint8 steps, all n rows of seq_len
         assert (depth_dir / f"{split}.bin").stat().st_size == n * 10 * 2
         assert (depth_dir / f"{split}_targets.bin").stat().st_size == n * 10 * 4
@@ -106,7 +107,7 @@ def test_depth_format(depth_dir):
 
 
 def test_depth_labels_and_no_answer_in_input(depth_dir):
-    for split in ("train", "val"):
+    for split in ("train", "dev", "test"):
         ids, targets, steps = (a.reshape(-1, 10) for a in open_split(depth_dir, split))
         # the TRAP: no input position may show an answer token (they only appear as targets)
         assert not np.isin(ids, depth.ANSWER_IDS).any()
@@ -122,29 +123,61 @@ def test_depth_labels_and_no_answer_in_input(depth_dir):
                 assert len(set(targets[ids[:, t] == g, t].tolist())) == 6
 
 
-def test_depth_split_by_k_and_unseen_val(depth_dir):
+def test_depth_splits_are_disjoint_and_say_what_training_holds(depth_dir):
     meta = load_meta(depth_dir)
-    _, _, train_steps = open_split(depth_dir, "train")
-    _, _, val_steps = open_split(depth_dir, "val")
-    assert set(np.unique(train_steps)) == set(range(0, 6))
-    assert set(np.unique(val_steps)) == set(range(0, 10))
-    # every depth 1..test_k is measured equally often in val
-    assert (np.bincount(val_steps, minlength=10)[1:] == 300).all()
-    # val problems are unseen: their first train_k elements never start a train row
-    tr = open_split(depth_dir, "train")[0].reshape(-1, 10)[:, 1:6]
-    va = open_split(depth_dir, "val")[0].reshape(-1, 10)[:, 1:6]
-    assert not set(map(bytes, tr)) & set(map(bytes, va)) and meta["val_prefix_disjoint"]
+    rows = {s: open_split(depth_dir, s)[0].reshape(-1, 10)[:, 1:] for s in ("train", "dev", "test")}
+    steps = {s: open_split(depth_dir, s)[2] for s in ("train", "dev", "test")}
+    assert set(np.unique(steps["train"])) == set(range(0, 6))
+    for s in ("dev", "test"):  # every depth 1..test_depth is measured equally often
+        assert (np.bincount(steps[s], minlength=10)[1:] == 300).all()
+    # at depths >= train_depth no held-out problem is a train problem, nor one of the other held-out split
+    prefix = {s: set(map(bytes, r[:, :5])) for s, r in rows.items()}
+    assert not prefix["train"] & prefix["dev"] and not prefix["train"] & prefix["test"]
+    assert not prefix["dev"] & prefix["test"] and meta["heldout_prefix_disjoint"]
+    assert len(prefix["dev"]) == len(prefix["test"]) == 300
+    # the fraction of held-out problems of each depth that training labels, counted here the slow way
+    for s in ("dev", "test"):
+        want = [np.mean([bytes(r[:d]) in {bytes(t[:d]) for t in rows["train"]} for r in rows[s]]) for d in range(1, 10)]
+        assert [meta["seen_in_train"][s][str(d)] for d in range(1, 10)] == pytest.approx(want)
+        assert want[0] == 1.0 and want[4] == 0.0 and want[8] == 0.0  # depth 1: 6 problems; from depth 5: none
+    # "val" is the dev split, for the commands that name it so
+    assert (open_split(depth_dir, "val")[0] == open_split(depth_dir, "dev")[0]).all()
+    with pytest.raises(ValueError, match="unknown split 'tset': this data has train, dev, test"):
+        open_split(depth_dir, "tset")
+
+
+def test_depth_final_only_labels_one_answer_per_row(depth_dir, tmp_path):
+    """--final_only: the same train problems, each cut to a depth 1..train_depth and labeled at its end only;
+    dev and test unchanged."""
+    r = run_script("data/depth/prepare.py", "--out_dir", tmp_path, "--train_depth", 5, "--test_depth", 9,
+                   "--num_train", 3000, "--num_dev", 300, "--num_test", 300, "--seed", 5, "--final_only")
+    assert r.returncode == 0, r.stderr
+    meta = load_meta(tmp_path)
+    ids, targets, steps = (a.reshape(-1, 10) for a in open_split(tmp_path, "train"))
+    full_ids, full_targets, _ = (a.reshape(-1, 10) for a in open_split(depth_dir, "train"))
+    d = (targets >= 0).argmax(1)  # the one labeled position = the row's depth
+    assert ((targets >= 0).sum(1) == 1).all() and (steps[np.arange(len(d)), d] == d).all()
+    assert ((steps > 0) == (targets >= 0)).all() and meta["final_only"]
+    assert np.bincount(d, minlength=6)[1:].tolist() == meta["train_depth_counts"] and d.min() == 1 and d.max() == 5
+    cols = np.arange(10)[None, :]
+    assert (np.where(cols <= d[:, None], full_ids, depth.PAD_ID) == ids).all()  # the plain rows, cut at d
+    assert (targets[np.arange(len(d)), d] == full_targets[np.arange(len(d)), d]).all()  # p_d itself
+    for s in ("dev", "test"):
+        for a, b in zip(open_split(tmp_path, s), open_split(depth_dir, s)):
+            assert (a == b).all()
+    # only a train row cut at depth d labels a depth-d problem: far fewer held-out problems occur in training
+    assert meta["seen_in_train"]["test"]["4"] < load_meta(depth_dir)["seen_in_train"]["test"]["4"]
 
 
 def test_depth_deterministic_and_bad_flags(tmp_path, depth_dir):
     r = run_script("data/depth/prepare.py", "--out_dir", tmp_path, "--train_k=5", "--test_k=9",
-                   "--num_train=3000", "--num_val=300", "--seed=5")  # --key=value form too
+                   "--num_train=3000", "--num_val=300", "--num_test=300", "--seed=5")  # --key=value, the old names
     assert r.returncode == 0, r.stderr
-    for name in ("train.bin", "val_targets.bin", "val_step.bin"):
+    for name in ("train.bin", "dev_targets.bin", "dev_step.bin", "test.bin", "meta.json"):
         assert (tmp_path / name).read_bytes() == (depth_dir / name).read_bytes()
-    r = run_script("data/depth/prepare.py", "--out_dir", tmp_path, "--train_k", 8, "--test_k", 4)
+    r = run_script("data/depth/prepare.py", "--out_dir", tmp_path, "--train_depth", 8, "--test_depth", 4)
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
-        "error: need 1 <= train_k <= test_k <= 255, got 8, 4"]
+        "error: need 1 <= train_depth <= test_depth <= 255, got 8, 4"]
     r = run_script("data/depth/prepare.py", "--out_dir", tmp_path, "--num_trian", 5)
     assert r.returncode == 2 and "unrecognized arguments: --num_trian" in r.stderr
 
@@ -174,7 +207,7 @@ def test_check_tokenizer_and_open_split_errors(tmp_path, depth_dir):
     # label file of another length (a stale file from another run) is refused
     for name in ("meta.json", "train.bin", "train_step.bin"):
         (tmp_path / name).write_bytes((depth_dir / name).read_bytes())
-    (tmp_path / "train_targets.bin").write_bytes((depth_dir / "val_targets.bin").read_bytes())
+    (tmp_path / "train_targets.bin").write_bytes((depth_dir / "dev_targets.bin").read_bytes())
     with pytest.raises(ValueError, match="different runs"):
         open_split(tmp_path, "train")
 
@@ -267,8 +300,8 @@ def test_depth_in_a_parents_vocabulary(smol_dir, depth_dir, tmp_path):
     from plumbing.tokenizer import load_tokenizer
 
     tok = load_tokenizer(smol_dir)
-    r = run_script("data/depth/prepare.py", "--tokenizer", smol_dir, "--out_dir", tmp_path, "--train_k", 5,
-                   "--test_k", 9, "--num_train", 3000, "--num_val", 300, "--seed", 5)
+    r = run_script("data/depth/prepare.py", "--tokenizer", smol_dir, "--out_dir", tmp_path, "--train_depth", 5,
+                   "--test_depth", 9, "--num_train", 3000, "--num_dev", 300, "--num_test", 300, "--seed", 5)
     assert r.returncode == 0, r.stderr
     meta = load_meta(tmp_path)
     assert meta["fingerprint"] == tok.fingerprint and meta["vocab_size"] == tok.vocab_size == 49152
@@ -278,7 +311,8 @@ def test_depth_in_a_parents_vocabulary(smol_dir, depth_dir, tmp_path):
     assert all(len(e) == 1 for e in elem_ids + answer_ids)
     assert meta["element_ids"] == [e[0] for e in elem_ids] and meta["answer_ids"] == [a[0] for a in answer_ids]
     assert meta["bos_id"] == tok.token_to_id("<|endoftext|>") == 0
-    for split in ("train", "val"):
+    assert meta["seen_in_train"] == load_meta(depth_dir)["seen_in_train"]  # the same problems
+    for split in ("train", "dev", "test"):
         ids, targets, steps = (a.reshape(-1, 10) for a in open_split(tmp_path, split))
         rids, rtargets, rsteps = (a.reshape(-1, 10) for a in open_split(depth_dir, split))
         # the same problems, labels and depths as the task's own vocabulary, token by token

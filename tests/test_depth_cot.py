@@ -25,7 +25,7 @@ from plumbing.eval_data import EvalError
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-FLAGS = ["--train_k", "4", "--test_k", "7", "--num_train", "400", "--num_val", "40", "--seed", "5"]
+FLAGS = ["--train_depth", "4", "--test_depth", "7", "--num_train", "400", "--num_dev", "40", "--seed", "5"]
 K, TRAIN_K, N_VAL = 7, 4, 40
 
 
@@ -64,7 +64,7 @@ def test_cot_rows_are_running_products_with_aligned_targets(dirs):
     meta = load_meta(cot)
     assert meta["cot"] and meta["seq_len"] == 2 * K + 2 and meta["sep_id"] == depth.PAD_ID
     assert meta["fingerprint"] == depth.vocab_fingerprint() and meta["vocab_size"] == 14  # the loop data's vocabulary
-    for split in ("train", "val"):
+    for split in ("train", "dev", "test"):
         ids, targets, steps = rows(cot, split)
         ks = []
         for row_ids, row_t, row_s in zip(ids, targets, steps):
@@ -83,40 +83,52 @@ def test_cot_rows_are_running_products_with_aligned_targets(dirs):
         ks = np.array(ks)
         if split == "train":  # every depth 1..train_k is a prompt of its own rows, about equally often
             counts = np.bincount(ks, minlength=TRAIN_K + 1)[1:]
-            assert counts.tolist() == meta["train_k_counts"] and (counts > 400 / TRAIN_K / 2).all()
+            assert counts.tolist() == meta["train_depth_counts"] and (counts > 400 / TRAIN_K / 2).all()
             assert ks.max() == TRAIN_K
         else:
             assert (ks == K).all() and len(ks) == N_VAL
 
 
-def test_cot_has_the_loop_datas_problems_and_unseen_val(dirs):
+def test_cot_has_the_loop_datas_problems_and_held_out_ones(dirs):
     loop, cot = dirs
-    for split in ("train", "val"):
+    for split in ("train", "dev", "test"):
         loop_ids = rows(loop, split)[0]
         for lrow, crow in zip(loop_ids, rows(cot, split)[0]):
             elems, _ = decode(crow)
             assert elems == [int(i) - depth.ELEM_IDS[0] for i in lrow[1:len(elems) + 1]]  # a prefix, same draw
-    # val problems are those of the loop data, so their first train_k elements start no train problem
+    # held-out problems are those of the loop data, so their first train_depth elements start no train problem
     train_prefixes = {bytes(r[1:TRAIN_K + 1]) for r in rows(loop, "train")[0]}
-    val = rows(cot, "val")[0]
-    assert not {bytes(r[1:TRAIN_K + 1]) for r in val} & train_prefixes and load_meta(cot)["val_prefix_disjoint"]
-    assert load_meta(cot)["val_redrawn"] == load_meta(loop)["val_redrawn"]
+    for split in ("dev", "test"):
+        held = rows(cot, split)[0]
+        assert not {bytes(r[1:TRAIN_K + 1]) for r in held} & train_prefixes and load_meta(cot)["heldout_prefix_disjoint"]
+        assert load_meta(cot)[f"{split}_redrawn"] == load_meta(loop)[f"{split}_redrawn"]
+    # a chain row trains one problem, the one it is cut at: a held-out problem occurs in training when a train
+    # row cut at its depth starts with it (counted here the slow way)
+    train = rows(cot, "train")[0]
+    cut = {bytes(r[1:1 + int(np.flatnonzero(r == depth.PAD_ID)[0]) - 1]) for r in train}
+    test = rows(cot, "test")[0][:, 1:K + 1]
+    want = [np.mean([bytes(r[:d]) in cut for r in test]) for d in range(1, K + 1)]
+    assert [load_meta(cot)["seen_in_train"]["test"][str(d)] for d in range(1, K + 1)] == pytest.approx(want)
 
 
-# sha256 of the files of `prepare.py --train_k 3 --test_k 6 --num_train 200 --num_val 20 --seed 7`, written by the
-# prepare.py before --cot existed: without the flag the output stays byte for byte the same
+# sha256 of the files of `prepare.py --train_k 3 --test_k 6 --num_train 200 --num_val 20 --seed 7`: the train files
+# and dev's are those the prepare.py before --cot and before the test split wrote (dev then named val), byte for
+# byte, so runs trained on that data stay comparable; test and meta.json are new
 LOOP_SHA256 = {
-    "meta.json": "8a8865c8c2193d2843fca36e6a9add6ad38a5e8a95fdea9cfd308c9842044463",
+    "meta.json": "65b7ccd974151d254d888552c2c7a2ee30faae3cb34ff4d9f20577627904c1a2",
     "train.bin": "14b023b7070157d55d3eb0215195a9bc42f21e5d168d1549c20efd6c29d12b9c",
     "train_step.bin": "5277c06b2f8a98348d385ff88daa08e70a4a7765e157bf6fc32e7285a65d93b7",
     "train_targets.bin": "22cb7a16f5ee31e2174a581f6669386f1c243fb83e000d0e917ac3bff9c7f4e7",
-    "val.bin": "c48ec3f1142e065ee2443af745c0be67ae1d50588ec0a2d120cb8225ddb2963a",
-    "val_step.bin": "cb316fe7ae810dbf236cf4c59a0c845eea0f2be9a1e9b347de0a48e57ce68f0b",
-    "val_targets.bin": "3fde7ca212889fa7806647de1a0109652db77b121fd3611b2b912022dbf85a76",
+    "dev.bin": "c48ec3f1142e065ee2443af745c0be67ae1d50588ec0a2d120cb8225ddb2963a",
+    "dev_step.bin": "cb316fe7ae810dbf236cf4c59a0c845eea0f2be9a1e9b347de0a48e57ce68f0b",
+    "dev_targets.bin": "3fde7ca212889fa7806647de1a0109652db77b121fd3611b2b912022dbf85a76",
+    "test.bin": "7fa1257fac3255b6f7340a6eb8e5c2e5d52fd0207e450f60169c5cca86ee9aaa",
+    "test_step.bin": "cb316fe7ae810dbf236cf4c59a0c845eea0f2be9a1e9b347de0a48e57ce68f0b",
+    "test_targets.bin": "55d57a69a060fb6bd1d191d21949a557d1e2aaa4bccfac980a362eba68f3031e",
 }
 
 
-def test_without_cot_the_output_is_unchanged(tmp_path):
+def test_without_cot_train_and_dev_are_unchanged(tmp_path):
     r = subprocess.run([sys.executable, "data/depth/prepare.py", "--out_dir", str(tmp_path), "--train_k", "3",
                         "--test_k", "6", "--num_train", "200", "--num_val", "20", "--seed", "7"], cwd=REPO, env=ENV,
                        capture_output=True, text=True, timeout=120)
@@ -145,7 +157,7 @@ def test_cot_in_a_parents_vocabulary(dirs, tmp_path):
     meta = load_meta(out)
     assert meta["fingerprint"] == tok.fingerprint and [meta["sep_id"]] == tok.encode(" =")
     to_parent = np.array([meta["bos_id"], *meta["element_ids"], *meta["answer_ids"], meta["pad_id"]])
-    for split in ("train", "val"):
+    for split in ("train", "dev", "test"):
         (ids, targets, steps), (own, own_t, own_s) = rows(out, split), rows(dirs[1], split)
         want = to_parent[own]
         want[np.arange(len(own)), (own == depth.PAD_ID).argmax(1)] = meta["sep_id"]  # the first PAD is the SEP

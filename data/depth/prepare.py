@@ -1,27 +1,37 @@
 """
-Synthetic depth task: the running product of k elements of the permutation group S3.
+Synthetic depth task: the running product of a sequence of elements of the permutation group S3.
 
 Why: the recipe's claim (McLeish et al. 2025, arXiv 2511.07384; Geiping et al. 2025,
 arXiv 2502.05171) is that more loops of the recurrent core buy more accuracy on problems that
-need more sequential steps. This task makes "steps" exact and controllable, so the claim can be
-tested on a CPU with a tiny model trained from scratch, including extrapolation beyond the
-trained depth (train rows have k <= train_k steps, val rows go up to test_k).
+need more sequential steps. This task makes the depth of a problem exact and controllable, so the
+claim can be tested on a CPU with a tiny model trained from scratch, including extrapolation beyond
+the trained depth (train rows have depth train_depth, dev and test rows go to test_depth).
 
-Row layout (seq_len = test_k + 1 tokens, one row per problem):
-  input   BOS  g1   g2      ...  gk        PAD ...
-  target  -1   p1   p2      ...  pk        -1  ...     p_t = g1 g2 ... g_t  (an answer token)
-  step    0    1    2       ...  k         0   ...     sequential steps label t needs
+Row layout (seq_len = test_depth + 1 tokens, one row per problem):
+  input   BOS  g1   g2      ...  gd        PAD ...
+  target  -1   p1   p2      ...  pd        -1  ...     p_t = g1 g2 ... g_t  (an answer token)
+  depth   0    1    2       ...  d         0   ...     the sequential steps label t needs (DIR/*_step.bin)
 The answer tokens only ever appear as targets, never in the input: with plain next-token teacher
 forcing the input would show p_{t-1}, and each label would be a single composition p_{t-1} g_t,
 needing no depth at all. Here the model must compose all t elements itself. S3 is non-abelian,
-so the order matters (no counting shortcut); calibrated on a 2-core CPU: an h=64 model learns it within minutes, and accuracy rises with test-time loops.
-Pointer chasing, mod-10 arithmetic and answer-only loss did not learn at that budget.
+so the order matters (no counting shortcut); calibrated on a 2-core CPU: an h=64 model learns it within
+minutes, and accuracy rises with test-time loops. Pointer chasing and mod-10 arithmetic did not learn
+at that budget.
 
-Train rows all have exactly k = train_k: attention is causal, so a row of length K already
-contains every shorter problem as a prefix (its label at step t), and shorter rows would only
-add padding. Val rows have k = test_k, giving the same number of labels at every depth
-1..test_k; group accuracy by the step array. Val rows whose first train_k elements occur in a
-train row are redrawn, so accuracy even at trained depths is measured on unseen problems.
+Splits (arXiv 2608.11233's protocol: everything that chooses reads dev, the report reads test):
+- train: num_train rows of depth exactly train_depth. Attention is causal, so a row of depth D already
+  holds every shallower problem as a prefix (its label at depth t), and shallower rows would only add
+  padding.
+- dev: num_dev rows of depth test_depth, drawn after train from the same generator; steps, learning rates,
+  r and thresholds are chosen on it (train.py evaluates on it). A dev row whose first train_depth elements
+  occur in a train row is redrawn, and so is one whose prefix another dev row has.
+- test: num_test rows of depth test_depth from a generator of its own (seeded by [seed, 1]: the train and
+  dev bytes do not depend on it), redrawn when its first train_depth elements occur in train or dev or
+  earlier in test. Read once, for the report.
+So at depths >= train_depth no dev or test problem occurs in training. At a depth below it they mostly do:
+there are only 6^d problems of depth d (7,776 at d = 5) against num_train rows, each of which holds one
+of them as its prefix. meta.json's "seen_in_train" gives, per split and depth, the fraction of rows whose
+problem of that depth occurs in training with its answer as a label; "unseen" is said only where it is 0.
 
 In a parent's own vocabulary (--tokenizer, for a retrofitted model such as SmolLM2): the same
 rows, each element and each answer one token of that vocabulary (WORDS below: element i is the
@@ -31,30 +41,37 @@ token (it only ever follows the last label, so causal attention never reads it f
 meta.json carrying the tokenizer's fingerprint, so train.py and eval_math.py accept the data for
 models of that parent only.
 
+Final answers only (--final_only, a true outcome-only loss): the same train problems, each row cut to a
+depth d uniform in 1..train_depth (seeded, drawn after dev) and labeled at its final answer p_d only, so
+no intermediate product of a problem is ever a label. Dev and test rows stay fully labeled (accuracy is
+still read at every depth). Against per-loop supervision (train.py --step_supervision) it tests whether
+extrapolation needs the intermediate labels.
+
 Chain of thought (--cot), the token baseline the loop is compared with (arXiv 2608.11233: "the loop
-beats writing the steps out as tokens beyond the trained range"): the same train and val problems
-(same seed, same draws, the same prefix-disjoint val rule), each written out as its chain, trained by
-plain next-token prediction on the chain (seq_len = 2 test_k + 2):
-  input   BOS  g1 .. gk  SEP  p1   ..  p_{k-1}  pk   PAD ...
-  target  -1   -1 .. -1  p1   p2   ..  pk       -1   -1  ...
-  step    0    0  .. 0   1    2    ..  k        0    0   ...
+beats writing the steps out as tokens beyond the trained range"): the same train, dev and test problems,
+each written out as its chain, trained by plain next-token prediction on the chain
+(seq_len = 2 test_depth + 2):
+  input   BOS  g1 .. gd  SEP  p1   ..  p_{d-1}  pd   PAD ...
+  target  -1   -1 .. -1  p1   p2   ..  pd       -1   -1  ...
+  depth   0    0  .. 0   1    2    ..  d        0    0   ...
 Here the answers do appear in the input: each label is one composition p_{t-1} g_t of what is written,
 and the depth comes from generating the chain at test time (eval_math.py --task depth generates it
-greedily on this data, plumbing/depth_cot.py). The step is still the task depth t of the label.
-Train rows are cut to a prefix of k ~ uniform 1..train_k elements (seeded, drawn after the val rows,
-so the problems are those of the loop data): with causal attention a loop row of length K holds every
-shorter problem as a prefix, a CoT row does not (problem k's chain starts at the SEP after g_k, which
-only a row cut at k has), so each trained depth needs rows of its own. Val rows keep k = test_k; the
-evaluation cuts the prompt BOS g1..gk SEP per depth. SEP is the PAD token in the task's own vocabulary
-and the parent's " =" with --tokenizer.
+greedily on this data, plumbing/depth_cot.py). Train rows are cut to depths uniform in 1..train_depth
+(the draws of --final_only): with causal attention a loop row of depth D holds every shallower problem
+as a prefix, a CoT row does not (problem d's chain starts at the SEP after g_d, which only a row cut at d
+has), so each trained depth needs rows of its own. Dev and test rows keep depth test_depth; the
+evaluation cuts the prompt BOS g1..gd SEP per depth. SEP is the PAD token in the task's own vocabulary and
+the parent's " =" with --tokenizer.
 
 Run:
-  python data/depth/prepare.py --out_dir data/depth          # 50k train rows, 1k val rows
-  python data/depth/prepare.py --out_dir /tmp/depth --train_k 6 --test_k 12 --num_train 20000
+  python data/depth/prepare.py --out_dir data/depth          # 50k train rows, 1k dev rows, 1k test rows
+  python data/depth/prepare.py --out_dir /tmp/depth --train_depth 6 --test_depth 12 --num_train 20000
   python data/depth/prepare.py --tokenizer smollm2 --out_dir data/depth_smollm2   # SmolLM2's tokens
   python data/depth/prepare.py --cot --out_dir data/depth_cot   # the same problems as chains of thought
-Writes DIR/{train,val}.bin (uint16 ids), DIR/{train,val}_targets.bin (int32, -1 = ignore),
-DIR/{train,val}_step.bin (uint8) and DIR/meta.json (format: data/common.py).
+  python data/depth/prepare.py --final_only --out_dir data/depth_final   # final answers only
+Writes DIR/{train,dev,test}.bin (uint16 ids), DIR/{split}_targets.bin (int32, -1 = ignore),
+DIR/{split}_step.bin (uint8: the depth of each label) and DIR/meta.json (format: data/common.py).
+The old flag names --train_k, --test_k and --num_val still work.
 """
 
 import argparse
@@ -186,30 +203,57 @@ def make_cot_rows(elems, ks, seq_len, vocab, sep, dtype=np.uint16):
     return ids.astype(dtype), targets, steps
 
 
+def make_final_rows(elems, depths, seq_len, vocab, dtype=np.uint16):
+    """(N, D) element indices and each row's own depth d (N,) -> ids, targets, depth arrays (N, seq_len): the
+    row cut to BOS g1..gd, labeled at its final answer p_d only (--final_only)."""
+    ids, targets, steps = make_rows(elems, seq_len, vocab, dtype)
+    col, d = np.arange(seq_len)[None, :], np.asarray(depths)[:, None]
+    ids[col > d] = np.asarray(vocab[3], dtype=ids.dtype)  # PAD after g_d
+    targets[col != d] = IGNORE_INDEX
+    steps[col != d] = 0
+    return ids, targets, steps
+
+
 def prefix_codes(elems):
-    """Each row's elements as one base-6 integer (for the train/val disjointness check)."""
+    """Each row's elements as one base-6 integer (for the disjointness checks)."""
     return elems @ (6 ** np.arange(elems.shape[1], dtype=np.int64))
 
 
-def draw_val(rng, num_val, test_k, train_k, seen):
-    """num_val rows of test_k elements whose first train_k elements are not in `seen`."""
-    total = 6 ** train_k
-    if total - len(seen) < num_val:
-        raise DataError(f"only {total - len(seen)} length-{train_k} prefixes are not in train: "
-                        f"lower --num_train or --num_val, or raise --train_k")
+def draw_heldout(rng, num, test_depth, train_depth, seen):
+    """num rows of test_depth elements whose first train_depth elements are not in `seen` (codes) nor shared
+    by two rows: at depths >= train_depth none of their problems occurs in `seen`'s rows. Returns the rows
+    and how many candidates were redrawn."""
+    total = 6 ** train_depth
+    if total - len(seen) < num:
+        raise DataError(f"only {total - len(seen)} depth-{train_depth} prefixes are not in train (or dev): "
+                        f"lower --num_train, --num_dev or --num_test, or raise --train_depth")
     seen = np.fromiter(seen, dtype=np.int64)
     rows, redrawn, have = [], 0, 0
-    while have < num_val:
-        cand = rng.integers(0, 6, size=(2 * num_val, test_k), dtype=np.int64)
-        codes = prefix_codes(cand[:, :train_k])
+    while have < num:
+        cand = rng.integers(0, 6, size=(2 * num, test_depth), dtype=np.int64)
+        codes = prefix_codes(cand[:, :train_depth])
         ok = ~np.isin(codes, seen)
-        _, first = np.unique(codes, return_index=True)  # distinct prefixes within val, too
+        _, first = np.unique(codes, return_index=True)  # distinct prefixes within these rows, too
         ok &= np.isin(np.arange(len(cand)), first)
         redrawn += int((~ok).sum())
         rows.append(cand[ok])
         seen = np.concatenate([seen, codes[ok]])
         have += int(ok.sum())
-    return np.concatenate(rows)[:num_val], redrawn
+    return np.concatenate(rows)[:num], redrawn
+
+
+def seen_in_train(train, trained_depths, rows):
+    """Per depth d = 1..D of `rows` (N, D): the fraction of rows whose depth-d problem g1..gd occurs in training
+    with its answer as a label. A full train row labels every prefix up to its depth; a row cut to depth d
+    (trained_depths, --cot and --final_only) labels only its depth-d problem."""
+    out = []
+    for d in range(1, rows.shape[1] + 1):
+        if d > train.shape[1]:
+            out.append(0.0)
+            continue
+        have = train[:, :d] if trained_depths is None else train[trained_depths == d, :d]
+        out.append(float(np.isin(prefix_codes(rows[:, :d]), prefix_codes(have)).mean()))
+    return out
 
 
 def main():
@@ -218,20 +262,26 @@ def main():
     parser.add_argument("--tokenizer", default="", help="render the task in a parent's vocabulary "
                         "(checkpoint dir, .gguf, hub id or short name such as smollm2); "
                         "default: the task's own 14 tokens")
-    parser.add_argument("--train_k", type=int, default=6, help="steps per train row")
-    parser.add_argument("--test_k", type=int, default=12, help="steps per val row (> train_k "
-                        "measures extrapolation)")
+    parser.add_argument("--train_depth", "--train_k", dest="train_depth", type=int, default=6,
+                        help="depth of every train row")
+    parser.add_argument("--test_depth", "--test_k", dest="test_depth", type=int, default=12,
+                        help="depth of the dev and test rows (> train_depth measures extrapolation)")
     parser.add_argument("--num_train", type=int, default=50000)
-    parser.add_argument("--num_val", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--cot", action="store_true", help="the same problems as chains of thought "
-                        "(BOS g1..gk SEP p1..pk), train rows cut to k uniform in 1..train_k")
+    parser.add_argument("--num_dev", "--num_val", dest="num_dev", type=int, default=1000)
+    parser.add_argument("--num_test", type=int, default=0, help="test rows (default: as many as dev)")
+    parser.add_argument("--seed", type=int, default=1337, help="train and dev draws; test draws from [seed, 1]")
+    render = parser.add_mutually_exclusive_group()
+    render.add_argument("--cot", action="store_true", help="the same problems as chains of thought "
+                        "(BOS g1..gd SEP p1..pd), train rows cut to depths uniform in 1..train_depth")
+    render.add_argument("--final_only", action="store_true", help="train rows cut to depths uniform in "
+                        "1..train_depth and labeled at their final answer only (outcome-only loss)")
     args = parser.parse_args()
+    args.num_test = args.num_test or args.num_dev
     print("config:", json.dumps(vars(args)))
-    if not 1 <= args.train_k <= args.test_k <= 255:  # steps are stored as uint8
-        raise DataError(f"need 1 <= train_k <= test_k <= 255, got {args.train_k}, {args.test_k}")
-    if args.num_train < 1 or args.num_val < 1:
-        raise DataError("--num_train and --num_val must be >= 1")
+    if not 1 <= args.train_depth <= args.test_depth <= 255:  # depths are stored as uint8
+        raise DataError(f"need 1 <= train_depth <= test_depth <= 255, got {args.train_depth}, {args.test_depth}")
+    if min(args.num_train, args.num_dev, args.num_test) < 1:
+        raise DataError("--num_train, --num_dev and --num_test must be >= 1")
 
     if args.tokenizer:  # checked first: a bad tokenizer fails before any work
         tok = get_tokenizer(args.tokenizer)
@@ -249,16 +299,24 @@ def main():
     bos_id, elem_ids, answer_ids, pad_id = vocab
 
     rng = np.random.default_rng(args.seed)
-    seq_len = 2 * args.test_k + 2 if args.cot else args.test_k + 1  # one seq_len for both splits
-    train = rng.integers(0, 6, size=(args.num_train, args.train_k), dtype=np.int64)
-    val, redrawn = draw_val(rng, args.num_val, args.test_k, args.train_k,
-                            set(prefix_codes(train).tolist()))
-    if args.cot:  # drawn last: the problems above are those of the loop data
-        train_ks = rng.integers(1, args.train_k + 1, size=args.num_train)
-        rows = {"train": make_cot_rows(train, train_ks, seq_len, vocab, sep_id, dtype),
-                "val": make_cot_rows(val, np.full(len(val), args.test_k), seq_len, vocab, sep_id, dtype)}
+    seq_len = 2 * args.test_depth + 2 if args.cot else args.test_depth + 1  # one seq_len for every split
+    train = rng.integers(0, 6, size=(args.num_train, args.train_depth), dtype=np.int64)
+    train_codes = set(prefix_codes(train).tolist())
+    dev, dev_redrawn = draw_heldout(rng, args.num_dev, args.test_depth, args.train_depth, train_codes)
+    cut = args.cot or args.final_only
+    # drawn last from this generator: the problems above are the same whatever the rendering
+    train_depths = rng.integers(1, args.train_depth + 1, size=args.num_train) if cut else None
+    test, test_redrawn = draw_heldout(np.random.default_rng([args.seed, 1]), args.num_test, args.test_depth,
+                                      args.train_depth, train_codes | set(prefix_codes(dev[:, :args.train_depth]).tolist()))
+    held_out = {"dev": dev, "test": test}
+    full = lambda elems: np.full(len(elems), args.test_depth)
+    if args.cot:
+        rows = {"train": make_cot_rows(train, train_depths, seq_len, vocab, sep_id, dtype),
+                **{s: make_cot_rows(e, full(e), seq_len, vocab, sep_id, dtype) for s, e in held_out.items()}}
     else:
-        rows = {split: make_rows(elems, seq_len, vocab, dtype) for split, elems in (("train", train), ("val", val))}
+        rows = {"train": make_final_rows(train, train_depths, seq_len, vocab, dtype) if args.final_only
+                else make_rows(train, seq_len, vocab, dtype),
+                **{s: make_rows(e, seq_len, vocab, dtype) for s, e in held_out.items()}}
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -270,32 +328,42 @@ def main():
             w.close()
             files.append(f"{split}{suffix}.bin")
     remove_stale(out_dir, keep_targets=True, keep_steps=True)
+    for suffix in ("", "_targets", "_step"):  # an older layout's validation split, now dev
+        (out_dir / f"val{suffix}.bin").unlink(missing_ok=True)
 
+    seen = {s: seen_in_train(train, train_depths, e) for s, e in held_out.items()}
     meta = {
         "dataset": "depth", "task": "s3_running_product", "script": "data/depth/prepare.py",
         "source": "generated by data/depth/prepare.py (no download)",
         **tokens, "bos_id": int(bos_id), "eos_id": None, "pad_id": int(pad_id),
         "element_ids": [int(i) for i in elem_ids], "answer_ids": [int(i) for i in answer_ids],
         "elements": [list(e) for e in ELEMENTS], "mul_table": [list(r) for r in MUL],
-        "composition": "(a b)(i) = a(b(i)); label at step t is g1 g2 ... gt",
-        "seq_len": seq_len, "train_max_k": args.train_k, "test_max_k": args.test_k,
+        "composition": "(a b)(i) = a(b(i)); label at depth t is g1 g2 ... gt",
+        "seq_len": seq_len, "train_max_k": args.train_depth, "test_max_k": args.test_depth,
         "targets": True, "steps": True, "targets_dtype": "int32", "steps_dtype": "uint8",
-        "ignore_index": IGNORE_INDEX, "seed": args.seed,
-        "train_tokens": int(train.shape[0] * seq_len), "val_tokens": int(val.shape[0] * seq_len),
-        "train_docs": int(train.shape[0]), "val_docs": int(val.shape[0]),
-        "val_prefix_disjoint": True, "val_redrawn": redrawn,
+        "ignore_index": IGNORE_INDEX, "seed": args.seed, "test_seed": [args.seed, 1], "splits": list(rows),
+        **{f"{s}_tokens": int(len(a[0]) * seq_len) for s, a in rows.items()},
+        **{f"{s}_docs": int(len(a[0])) for s, a in rows.items()},
+        "heldout_prefix_disjoint": True, "dev_redrawn": dev_redrawn, "test_redrawn": test_redrawn,
+        "seen_in_train": {s: {str(d + 1): f for d, f in enumerate(fr)} for s, fr in seen.items()},
     }
-    if args.cot:  # only then: without --cot meta.json stays byte for byte what it was
+    if cut:
+        meta["train_depth_counts"] = np.bincount(train_depths, minlength=args.train_depth + 1)[1:].tolist()
+    if args.final_only:
+        meta.update({"final_only": True, "layout": "train: BOS g1..gd PAD.., one label p_d at g_d's position, d "
+                     "uniform in 1..train_max_k; dev and test: every label, depth test_max_k"})
+    if args.cot:
         meta.update({
             "cot": True, "sep_id": int(sep_id),
-            "layout": "BOS g1..gk SEP p1..pk PAD..; target p_t at the position before p_t (SEP for p1), "
-                      "step t there; train k uniform in 1..train_max_k, val k = test_max_k",
-            "train_k_counts": np.bincount(train_ks, minlength=args.train_k + 1)[1:].tolist(),
-            "composition": "(a b)(i) = a(b(i)); the chain after SEP is p1 .. pk, p_t = g1 g2 ... gt",
+            "layout": "BOS g1..gd SEP p1..pd PAD..; target p_t at the position before p_t (SEP for p1), "
+                      "depth t there; train d uniform in 1..train_max_k, dev and test d = test_max_k",
+            "composition": "(a b)(i) = a(b(i)); the chain after SEP is p1 .. pd, p_t = g1 g2 ... gt",
         })
     write_meta(out_dir, meta)
-    print(f"redrew {redrawn} val candidates whose first {args.train_k} elements were seen in train "
-          f"or earlier in val")
+    print(f"redrew {dev_redrawn} dev and {test_redrawn} test candidates whose first {args.train_depth} elements "
+          f"were in train or an earlier held-out row")
+    print("problems that occur in training, by depth: "
+          + "; ".join(f"{s} " + " ".join(f"{f:.2f}" for f in fr) for s, fr in seen.items()))
     print_summary(out_dir, meta, files + ["meta.json"])
 
 
