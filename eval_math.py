@@ -10,15 +10,17 @@ so recurrent and static models compare at equal compute.
   ("#### N") and flexible (last number) extraction, exact match after removing "$", "," and a final ".".
 - math:  the Minerva 4-shot prompt (Lewkowycz et al. 2022, arXiv 2206.14858), \\boxed{} answers,
   graded by plumbing/math_grader.py (normalization, then math-verify's equivalence).
-- depth: the S3 running product of data/depth: accuracy by (steps k, r), k up to beyond the trained depth;
-  on chain-of-thought data (prepare.py --cot) by greedy generation of the chain (plumbing/depth_cot.py).
+- depth: the S3 running product of data/depth: accuracy by (task depth, r), up to beyond the trained depth,
+  with the fraction of the split's problems of each depth that training labels (meta.json's seen_in_train;
+  the split is dev by default: --split test only for a report, never to choose anything); on
+  chain-of-thought data (prepare.py --cot) by greedy generation of the chain (plumbing/depth_cot.py).
 - loss:  mean cross-entropy of fixed, seeded batches of a prepared .bin set at each r.
 Problems come from a local jsonl (--data) or the hub, and .bin sets from data/<set>/prepare.py, both
 through plumbing/eval_data.py.
 
     python eval_math.py --init out/smollm2 --task gsm8k --data DIR --limit 20 --r 1,4   # CPU; DIR holds test.jsonl, train.jsonl
     python eval_math.py --init out/ckpt --task math --r 1,2,4,8,16,32
-    python eval_math.py --init out/depth --task depth --data data/depth --r 1,2,4,8,16,32
+    python eval_math.py --init out/depth --task depth --data data/depth --r 1,2,4,8,16,32 --split test
     python eval_math.py --init out/depth --task depth --data data/depth --r 32 --exit_sweep  # plumbing/exit_sweep.py
     python eval_math.py --init out/ckpt --task loss --data data/sotu --r 1,2,4,8
 Writes --out_dir (default out/eval/<task>): results.jsonl (one line per problem and r),
@@ -52,7 +54,7 @@ def parse_args(argv=None):
     p = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--init", required=True, help="checkpoint dir, raven checkpoint, or a parent (what surgery.load_model takes)")
     p.add_argument("--task", required=True, choices=("gsm8k", "math", "depth", "loss"),
-                   help="gsm8k, math: generate and grade; depth: accuracy by steps k; loss: cross-entropy")
+                   help="gsm8k, math: generate and grade; depth: accuracy by task depth; loss: cross-entropy")
     p.add_argument("--r", default="1,2,4,8,16,32", help="comma-separated test-time recurrences")
     p.add_argument("--data", default=None, help="gsm8k/math: a jsonl or a dir with test.jsonl (+ train.jsonl); "
                    "depth/loss: a prepared data dir. Default: the hub (gsm8k, math) or data/depth")
@@ -70,7 +72,8 @@ def parse_args(argv=None):
     p.add_argument("--exit_sweep", action="store_true", help="depth: exit criteria vs r (plumbing/exit_sweep.py)")
     p.add_argument("--num_batches", type=int, default=20, help="loss: batches of --batch_size rows")
     p.add_argument("--seq_len", type=int, default=256, help="loss: tokens per row for plain text data")
-    p.add_argument("--split", default="val", help="depth/loss: which split of the data dir")
+    p.add_argument("--split", default="dev", help="depth/loss: the split of the data dir: dev (or val: the split "
+                   "choices are made on), test (the depth task's, for a report), train")
     p.add_argument("--seed", type=int, default=1337, help="s_0 draws, exemplar choice and loss batches")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda (bf16 autocast), cuda:1")
     p.add_argument("--autocast", default="auto", choices=AUTOCAST, help="bf16 autocast: auto (on CUDA) | bf16 | off")
@@ -92,6 +95,7 @@ def parse_args(argv=None):
     args.max_new_tokens = args.max_new_tokens or {"gsm8k": 256, "math": 512}.get(args.task, 0)
     args.out_dir = args.out_dir or f"out/eval/{args.task}"
     args.tok_path = args.init  # where the tokenizer is; main() sets it from surgery.load_model
+    args.split_name = None  # the data split's own name, once the data is read (eval_data.load_bin)
     return args
 
 
@@ -350,16 +354,17 @@ def summarize(args, model, records, meta=None):
             losses = [x["loss"] for x in recs]
             row.update(n=len(recs), loss=sum(x["loss_sum"] for x in recs) / max(sum(x["tokens"] for x in recs), 1),
                        loss_se=float(np.std(losses, ddof=1) / math.sqrt(len(losses))) if len(losses) > 1 else None)
-        elif args.task == "depth":
+        elif args.task == "depth":  # by_k: by task depth (the key of results files before the split names)
             flags = [c for x in recs for c in x["correct"]]
-            ks = [k for x in recs for k in x["steps"]]
+            depths = [d for x in recs for d in x["steps"]]
+            seen = (meta.get("seen_in_train") or {}).get(args.split_name, {})
             by_k = {}
-            for k in sorted(set(ks)):
-                p, se = acc_se([c for c, kk in zip(flags, ks) if kk == k])
-                by_k[str(k)] = {"accuracy": p, "se": se, "n": ks.count(k)}
+            for d in sorted(set(depths)):
+                p, se = acc_se([c for c, dd in zip(flags, depths) if dd == d])
+                by_k[str(d)] = {"accuracy": p, "se": se, "n": depths.count(d), "seen_in_train": seen.get(str(d))}
             row.update(n=len(flags), by_k=by_k)
-            for name, sel in (("seen", lambda k: k <= meta["train_max_k"]), ("beyond", lambda k: k > meta["train_max_k"])):
-                p, se = acc_se([c for c, k in zip(flags, ks) if sel(k)])
+            for name, sel in (("trained", lambda d: d <= meta["train_max_k"]), ("beyond", lambda d: d > meta["train_max_k"])):
+                p, se = acc_se([c for c, d in zip(flags, depths) if sel(d)])
                 row.update({f"accuracy_{name}_depth": p, f"se_{name}_depth": se})
             if meta.get("cot"):  # the whole chain's accuracy and the tokens written per answer
                 from plumbing.depth_cot import chain_summary
@@ -379,15 +384,17 @@ def summarize(args, model, records, meta=None):
 def print_table(args, rows, meta=None):
     print(f"\n{args.task} results ({args.init}), +- one standard error:")
     if args.task == "depth":
-        ks, kmax = sorted(rows[0]["by_k"], key=int), meta["train_max_k"]
-        print(f"accuracy by steps k (rows, * = beyond the trained depth {kmax}) and r (columns)")
-        print("     k" + "".join(f"{'r=' + str(x['r']):>15}" for x in rows))
-        for k in ks:
-            print(f"{k:>5}{'*' if int(k) > kmax else ' '}"
-                  + "".join(f"{x['by_k'][k]['accuracy']:>8.3f}+-{x['by_k'][k]['se']:.3f}" for x in rows))
-        for name in ("seen", "beyond"):  # (labels of one row are correlated: the se here is a lower bound)
-            print(f"{name:>6}" + "".join(f"{x[f'accuracy_{name}_depth']:>8.3f}+-{x[f'se_{name}_depth']:.3f}"
-                                         for x in rows))
+        depths, dmax = sorted(rows[0]["by_k"], key=int), meta["train_max_k"]
+        print(f"accuracy on {args.split_name} by task depth (rows, * = beyond the trained depth {dmax}) and r (columns); "
+              f"in train: the fraction of these problems that training labels")
+        print(" depth in train" + "".join(f"{'r=' + str(x['r']):>15}" for x in rows))
+        for d in depths:
+            seen = rows[0]["by_k"][d]["seen_in_train"]
+            print(f"{d:>5}{'*' if int(d) > dmax else ' '}{'' if seen is None else f'{seen:.2f}':>9}"
+                  + "".join(f"{x['by_k'][d]['accuracy']:>8.3f}+-{x['by_k'][d]['se']:.3f}" for x in rows))
+        for name in ("trained", "beyond"):  # (labels of one row are correlated: the se here is a lower bound)
+            print(f"{name:>15}" + "".join(f"{x[f'accuracy_{name}_depth']:>8.3f}+-{x[f'se_{name}_depth']:.3f}"
+                                          for x in rows))
         if meta.get("cot"):
             from plumbing.depth_cot import chain_table
             print(chain_table(rows))
@@ -416,18 +423,19 @@ def plot(args, rows, out_dir):
 
     figs = []
     if args.task == "depth":
-        ks = sorted(rows[0]["by_k"], key=int)
+        depths = sorted(rows[0]["by_k"], key=int)
         fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, 4.2))
-        im = a0.imshow([[x["by_k"][k]["accuracy"] for x in rows] for k in ks], vmin=0, vmax=1, aspect="auto",
+        im = a0.imshow([[x["by_k"][d]["accuracy"] for x in rows] for d in depths], vmin=0, vmax=1, aspect="auto",
                        origin="lower")
-        a0.set(xticks=range(len(rows)), xticklabels=[x["r"] for x in rows], yticks=range(len(ks)), yticklabels=ks,
-               xlabel="test recurrence r", ylabel="steps k", title="accuracy by (k, r)")
+        a0.set(xticks=range(len(rows)), xticklabels=[x["r"] for x in rows], yticks=range(len(depths)),
+               yticklabels=depths, xlabel="test recurrence r", ylabel="task depth",
+               title=f"accuracy by (depth, r), {args.split_name}")
         fig.colorbar(im, ax=a0)
-        for k in ks:
-            a1.errorbar([x["r"] for x in rows], [x["by_k"][k]["accuracy"] for x in rows],
-                        yerr=[x["by_k"][k]["se"] for x in rows], marker="o", label=f"k={k}")
+        for d in depths:
+            a1.errorbar([x["r"] for x in rows], [x["by_k"][d]["accuracy"] for x in rows],
+                        yerr=[x["by_k"][d]["se"] for x in rows], marker="o", label=f"depth {d}")
         _r_axis(a1, rows)
-        a1.set(ylim=(-0.02, 1.02), ylabel="accuracy", title=f"accuracy against r (trained k <= "
+        a1.set(ylim=(-0.02, 1.02), ylabel="accuracy", title=f"accuracy against r (trained depths <= "
                f"{args.train_max_k})")
         a1.legend(fontsize=7, ncol=2)
         figs.append((fig, "depth_accuracy.png"))
@@ -496,7 +504,7 @@ def main(argv=None):
     print_table(args, rows, meta)
 
     summary = {"task": args.task, "results": rows, "config": vars(args), "model_config": model.config.__dict__,
-               "train_max_k": args.train_max_k, "git_commit": git_commit(),
+               "train_max_k": args.train_max_k, "split": args.split_name, "git_commit": git_commit(),
                "torch": torch.__version__}
     try:  # a full disk: one line that says so
         with open(out_dir / "results.jsonl", "w", encoding="utf-8") as f:

@@ -1,6 +1,6 @@
 """
 One trained result is an anecdote: train the same recipe under several seeds, evaluate each on the
-depth task, and report every (depth k, test loops r) cell as the mean and spread over the seeds.
+depth task, and report every (task depth, test loops r) cell as the mean and spread over the seeds.
 
 The claim under test is test-time depth (McLeish et al. 2025, arXiv 2511.07384; Geiping et al. 2025,
 arXiv 2502.05171): accuracy rises with the number of loops r. The seed of train.py sets the random
@@ -16,8 +16,10 @@ evaluation's s_0 draws stay fixed, so the spread is the spread of training.
     python -m experiments.repeat --out_dir out/seeds/text --eval none -- --data data/sotu --max_iters 20   # text: val loss only
 Everything after `--` goes to train.py (per seed: --seed S --out_dir OUT/seed_S are added, and {seed} in
 an argument becomes S: a second phase continues each seed of the first, `-- --init OUT1/seed_{seed}`). Writes
-OUT/seed_S/ (the run and its eval/), OUT/summary.json (command, seeds, git commit, seconds, the
-table) and OUT/depth_seeds.png; prints the table as markdown. A seed whose run and evaluation are
+OUT/seed_S/ (the run, its evaluation on the test split in eval/ and on dev in eval_dev/), OUT/summary.json
+(command, seeds, git commit, seconds, the test table and the dev table) and OUT/depth_seeds.png; prints the
+test table as markdown. Whatever chooses something from these runs (an r, a step count) reads dev_table;
+the report reads table (test). Paired intervals between arms: experiments/stats.py. A seed whose run and evaluation are
 already in OUT with the same command is reused, a killed one resumes from its last save (train.py
 --resume), and neither is ever mixed with another command's.
 """
@@ -55,20 +57,26 @@ def trained_on(train_args):
         sys.exit(f"repeat.py: error: the train.py arguments after --: {err}")
 
 
+EVAL_DIRS = {"test": "eval", "dev": "eval_dev"}  # the split each seed is evaluated on -> its folder
+
+
 def seed_result(seed, out_dir, train_args, eval_r, eval_args):
-    """The eval summary of one seed: trained and evaluated now, or reused when OUT/seed_S holds the
-    result of exactly this command. eval_args None: no depth evaluation (text data), the summary is the
-    run's last validation losses (train.py's log.jsonl)."""
+    """The eval summaries {"test": ..., "dev": ...} of one seed: trained and evaluated now, or reused when
+    OUT/seed_S holds the result of exactly this command. eval_args None: no depth evaluation (text data), the
+    summary is the run's last validation losses (train.py's log.jsonl), under "test" alone."""
     run_dir = out_dir / f"seed_{seed}"
     train_args = [a.replace("{seed}", str(seed)) for a in train_args]
     train_cmd = [sys.executable, "train.py", *train_args, "--seed", str(seed), "--out_dir", str(run_dir)]
     data = trained_on(train_args)
-    eval_cmd = None if eval_args is None else [
+    eval_cmds = {} if eval_args is None else {split: [
         sys.executable, "eval_math.py", "--init", str(run_dir), "--task", "depth", "--data", data,
-        "--r", eval_r, "--out_dir", str(run_dir / "eval"), *eval_args]
-    stamp, want = run_dir / "repeat_command.json", {"train": train_cmd[1:], "eval": eval_cmd and eval_cmd[1:]}
+        "--r", eval_r, "--split", split, "--out_dir", str(run_dir / folder), *eval_args]
+        for split, folder in EVAL_DIRS.items()}
+    stamp = run_dir / "repeat_command.json"
+    want = {"train": train_cmd[1:], "eval": {split: cmd[1:] for split, cmd in eval_cmds.items()} or None}
     summary = run_dir / "eval" / "summary.json"
-    if stamp.is_file() and summary.is_file() and json.loads(stamp.read_text()) == want:
+    done = summary.is_file() and all((run_dir / EVAL_DIRS[s] / "summary.json").is_file() for s in eval_cmds)
+    if stamp.is_file() and done and json.loads(stamp.read_text()) == want:
         print(f"seed {seed}: reusing {summary}")
     else:
         if run_dir.exists() and any(run_dir.iterdir()):
@@ -85,13 +93,13 @@ def seed_result(seed, out_dir, train_args, eval_r, eval_args):
         run_dir.mkdir(parents=True, exist_ok=True)
         stamp.write_text(json.dumps(want))  # first: a half-finished seed is recognized as this command's
         run(train_cmd)
-        if eval_cmd:
-            run(eval_cmd)
-        else:
+        for cmd in eval_cmds.values():
+            run(cmd)
+        if not eval_cmds:
             evals = [rec for rec in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if "val" in rec]
             summary.parent.mkdir(exist_ok=True)
             summary.write_text(json.dumps({"step": evals[-1]["step"], "val": evals[-1]["val"]}))
-    return json.loads(summary.read_text())
+    return {split: json.loads((run_dir / EVAL_DIRS[split] / "summary.json").read_text()) for split in eval_cmds or ["test"]}
 
 
 def stats(values):
@@ -101,7 +109,7 @@ def stats(values):
 
 
 def aggregate(summaries):
-    """{k or seen/beyond: {r: stats}} over the seeds' depth eval summaries; without a depth evaluation
+    """{depth or trained/beyond: {r: stats}} over the seeds' depth eval summaries; without a depth evaluation
     {"val_loss": {r: stats}} of the last validation."""
     table = {}
     for s in summaries:
@@ -111,7 +119,7 @@ def aggregate(summaries):
             continue
         for row in s["results"]:
             cells = {k: v["accuracy"] for k, v in row["by_k"].items()}
-            cells.update(seen=row["accuracy_seen_depth"], beyond=row["accuracy_beyond_depth"])
+            cells.update(trained=row["accuracy_trained_depth"], beyond=row["accuracy_beyond_depth"])
             for k, acc in cells.items():
                 table.setdefault(k, {}).setdefault(str(row["r"]), []).append(acc)
     return {k: {r: stats(v) for r, v in by_r.items()} for k, by_r in table.items()}
@@ -119,10 +127,10 @@ def aggregate(summaries):
 
 def markdown(table, train_max_k, n_seeds):
     rs = list(next(iter(table.values())))
-    head = f"| k (mean ± std over {n_seeds} seeds) | " + " | ".join(f"r={r}" for r in rs) + " |"
+    head = f"| depth (mean ± std over {n_seeds} seeds) | " + " | ".join(f"r={r}" for r in rs) + " |"
     lines = [head, "|---" * (len(rs) + 1) + "|"]
-    for k in sorted((k for k in table if k.isdigit()), key=int) + ["seen", "beyond"]:
-        name = {"seen": f"all k <= {train_max_k}", "beyond": f"all k > {train_max_k}"}.get(k, k)
+    for k in sorted((k for k in table if k.isdigit()), key=int) + ["trained", "beyond"]:
+        name = {"trained": f"all depths <= {train_max_k}", "beyond": f"all depths > {train_max_k}"}.get(k, k)
         if k.isdigit() and int(k) > train_max_k:
             name += " (beyond)"
         lines.append(f"| {name} | " + " | ".join(f"{table[k][r]['mean']:.3f} ± {table[k][r]['std']:.3f}"
@@ -131,10 +139,11 @@ def markdown(table, train_max_k, n_seeds):
 
 
 def depth_panel(ax, curves, train_max_k, title):
-    """Accuracy against r, one line per depth k (dashed beyond the trained depth), with chance (1/6) marked.
-    curves: {k: (r values, accuracies, spreads or None)}."""
+    """Accuracy against r, one line per task depth (dashed beyond the trained depth), with chance (1/6) marked.
+    curves: {depth: (r values, accuracies, spreads or None)}."""
     for k, (rs, acc, err) in sorted(curves.items(), key=lambda kv: int(kv[0])):
-        ax.errorbar(rs, acc, yerr=err, marker="o", capsize=3, ls="-" if int(k) <= train_max_k else "--", label=f"k={k}")
+        ax.errorbar(rs, acc, yerr=err, marker="o", capsize=3, ls="-" if int(k) <= train_max_k else "--",
+                    label=f"depth {k}")
     ax.set_xscale("log", base=2)
     ax.set(xticks=rs, xticklabels=rs, xlabel="test loops r", ylim=(0, 1.02), title=title)
     ax.axhline(1 / 6, color="grey", lw=0.8, ls=":")  # chance: 6 answers
@@ -161,9 +170,9 @@ def compare(eval_dirs):
               for s in runs]
     rs = sorted({r for t in tables for cells in t.values() for r in cells}, key=int)
     ks = sorted({k for t in tables for k in t}, key=int)
-    print("accuracy by depth k and test loops r; cells: " + " / ".join(str(d) for d in eval_dirs)
+    print("accuracy by task depth and test loops r; cells: " + " / ".join(str(d) for d in eval_dirs)
           + "  (* beyond that run's trained depth)")
-    print("| k | " + " | ".join(f"r={r}" for r in rs) + " |\n" + "|---" * (len(rs) + 1) + "|")
+    print("| depth | " + " | ".join(f"r={r}" for r in rs) + " |\n" + "|---" * (len(rs) + 1) + "|")
     for k in ks:
         cell = lambda t, s, r: (f"{t[k][r]:.2f}" + ("*" if int(k) > s["train_max_k"] else "")
                                 if k in t and r in t[k] else "-")
@@ -172,7 +181,7 @@ def compare(eval_dirs):
     fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), sharey=True, squeeze=False)
     for ax, t, s, d in zip(axes[0], tables, runs, eval_dirs):
         curves = {k: ([int(r) for r in by_r], list(by_r.values()), None) for k, by_r in t.items()}
-        depth_panel(ax, curves, s["train_max_k"], f"{Path(d).name} (trained k <= {s['train_max_k']})")
+        depth_panel(ax, curves, s["train_max_k"], f"{Path(d).name} (trained depths <= {s['train_max_k']})")
     axes[0][0].set_ylabel("accuracy")
     fig.tight_layout()
     path = Path(eval_dirs[0]).parent / "depth_compare.png"
@@ -189,7 +198,9 @@ def aggregate_dirs(eval_dirs):
     if len(same) > 1:
         sys.exit("repeat.py: error: --aggregate needs evaluations of the same r values, rows and trained depth")
     text = markdown(aggregate(runs), runs[0]["train_max_k"], len(runs))
-    print(f"accuracy by depth k and test loops r, mean ± std over {len(runs)} runs ({' '.join(eval_dirs)}):\n{text}")
+    split = runs[0].get("split", runs[0]["config"]["split"])
+    print(f"accuracy on {split} by task depth and test loops r, mean ± std over {len(runs)} runs "
+          f"({' '.join(eval_dirs)}):\n{text}")
     return text
 
 
@@ -205,10 +216,11 @@ def main():
     ap.add_argument("--out_dir", required=True, help="one folder per seed goes inside")
     ap.add_argument("--seeds", default="1337,2,3", help="train.py seeds, comma-separated (at least 3 for a claim)")
     ap.add_argument("--r", default="1,2,4,8,16,32", help="test loops of the evaluation")
-    ap.add_argument("--eval_limit", type=int, default=0, help="first N validation rows only (0 = all)")
-    ap.add_argument("--eval_batch_size", type=int, default=100, help="validation rows per forward")
+    ap.add_argument("--eval_limit", type=int, default=0, help="first N rows of each split only (0 = all)")
+    ap.add_argument("--eval_batch_size", type=int, default=100, help="rows per forward")
     ap.add_argument("--eval", default="depth", choices=["depth", "none"],
-                    help="depth: eval_math.py --task depth per seed; none (text data): the last validation losses")
+                    help="depth: eval_math.py --task depth per seed, on test and dev; none (text data): the last "
+                         "validation losses")
     args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if any(flag in train_args for flag in ("--seed", "--out_dir")) or any(
             a.startswith(("--seed=", "--out_dir=")) for a in train_args):
@@ -224,7 +236,8 @@ def main():
     t0 = time.time()
     summaries = [seed_result(s, out_dir, train_args, args.r, eval_args if args.eval == "depth" else None)
                  for s in args.seeds]
-    table, train_max_k = aggregate(summaries), summaries[0].get("train_max_k")
+    table, train_max_k = aggregate([s["test"] for s in summaries]), summaries[0]["test"].get("train_max_k")
+    dev_table = aggregate([s["dev"] for s in summaries]) if args.eval == "depth" else None
     if args.eval == "none":
         text = "| r | val loss (mean ± std over {} seeds) |\n|---|---|\n".format(len(args.seeds)) + "\n".join(
             f"| {r} | {c['mean']:.4f} ± {c['std']:.4f} |" for r, c in table["val_loss"].items())
@@ -232,14 +245,15 @@ def main():
         text = markdown(table, train_max_k, len(args.seeds))
     git = git_commit()
     out = {"command": shlex.join(["python", "-m", "experiments.repeat", *argv]), "seeds": args.seeds, "git_commit": git or None,
-           "seconds": time.time() - t0, "train_max_k": train_max_k, "table": table, "markdown": text}
+           "seconds": time.time() - t0, "train_max_k": train_max_k, "split": "test" if args.eval == "depth" else None,
+           "table": table, "dev_table": dev_table, "markdown": text}
     (out_dir / "summary.json").write_text(json.dumps(out, indent=2))
     if args.eval == "none":
         print(f"\nlast validation loss, mean ± std over seeds {args.seeds}:\n{text}")
         print(f"wrote {out_dir / 'summary.json'} ({out['seconds']:.0f} s)")
         return
     plot(table, train_max_k, out_dir / "depth_seeds.png", f"{out_dir.name}: {len(args.seeds)} seeds")
-    print(f"\naccuracy by depth k and test loops r, mean ± std over seeds {args.seeds}:\n{text}")
+    print(f"\naccuracy on test by task depth and test loops r, mean ± std over seeds {args.seeds}:\n{text}")
     print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'depth_seeds.png'} ({out['seconds']:.0f} s)")
 
 

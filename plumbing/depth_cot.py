@@ -4,9 +4,11 @@ The depth task's chain-of-thought baseline, evaluated by generation: the token s
 
 A looped model answers the S3 running product p_k = g1 g2 ... gk with one token after r loops; a CoT
 model (trained on data/depth/prepare.py --cot rows) writes the chain p1 .. pk and answers with its
-last token. For each val row and each depth k = 1..test_k the prompt is BOS g1..gk SEP and the model
+last token. For each held-out row and each depth k = 1..test_k the prompt is BOS g1..gk SEP and the model
 generates k tokens greedily; the answer is correct when the last one is p_k (the whole chain is scored
-too). The records have the depth task's shape (steps, correct per row), so eval_math.py's summary,
+too). What it writes is kept for a diagnosis beyond the trained depth: per depth the length of the right
+prefix of its chain (where it goes wrong) and how many of its tokens are no answer token at all (a
+format failure rather than a wrong product). The records have the depth task's shape (steps, correct per row), so eval_math.py's summary,
 table and plots, and experiments/repeat.py's aggregation over seeds, read CoT runs unchanged; the summary adds the
 output tokens per answer (mean k here, 1 for the loop) and the whole-chain accuracy.
 
@@ -26,7 +28,7 @@ from plumbing.eval_data import EvalError
 
 
 def chain_rows(meta, ids):
-    """(elements, chains): the val rows' g1..gK and p1..pK token ids, (N, K) each, K = test_max_k.
+    """(elements, chains): the held-out rows' g1..gK and p1..pK token ids, (N, K) each, K = test_max_k.
     An EvalError when the rows are not the --cot layout BOS g1..gK SEP p1..pK."""
     K, T = meta["test_max_k"], meta["seq_len"]
     if T != 2 * K + 2:
@@ -35,7 +37,7 @@ def chain_rows(meta, ids):
     rows = np.asarray(ids).reshape(-1, T)
     if not ((rows[:, 0] == meta["bos_id"]) & (rows[:, K + 1] == meta["sep_id"])).all():
         raise EvalError(f"the {len(rows)} rows are not BOS g1..g{K} SEP p1..p{K} (meta.json's layout): "
-                        f"evaluate full-depth val rows of data/depth/prepare.py --cot (--split val)")
+                        f"evaluate full-depth dev or test rows of data/depth/prepare.py --cot")
     return rows[:, 1:K + 1].astype(np.int64), rows[:, K + 2:].astype(np.int64)
 
 
@@ -51,8 +53,8 @@ def greedy(model, prompts, n, r):
 
 
 def run_depth_cot(args, model, meta, ids):
-    """records (one per val row and r: steps 1..K, correct and chain_correct per depth, output_tokens)
-    and meta. All rows of one depth k share a prompt length, so they go in batches of --batch_size."""
+    """records (one per held-out row and r: steps 1..K, correct, chain_correct, right_prefix and non_answer per
+    depth, output_tokens) and meta. All rows of one depth k share a prompt length, so they go in batches of --batch_size."""
     elems, chains = chain_rows(meta, ids)
     if args.limit:
         elems, chains = elems[:args.limit], chains[:args.limit]
@@ -61,16 +63,21 @@ def run_depth_cot(args, model, meta, ids):
     for r in args.r:
         torch.manual_seed(args.seed)  # s_0 of a recurrent model is a random draw: the same draws for every r
         last, whole = np.zeros((n, K), dtype=bool), np.zeros((n, K), dtype=bool)
+        prefix, other = np.zeros((n, K), dtype=int), np.zeros((n, K), dtype=int)
         for k in range(1, K + 1):
             bos, sep = np.full((n, 1), meta["bos_id"]), np.full((n, 1), meta["sep_id"])
             prompts = np.concatenate([bos, elems[:, :k], sep], 1)  # (n, k + 2): BOS g1..gk SEP
             for b in range(0, n, bs):
                 out = greedy(model, torch.from_numpy(prompts[b:b + bs]).to(args.device), k, r).cpu().numpy()  # (B, k)
                 last[b:b + bs, k - 1] = out[:, -1] == chains[b:b + bs, k - 1]  # the answer: the chain's last token
-                whole[b:b + bs, k - 1] = (out == chains[b:b + bs, :k]).all(1)
+                right = out == chains[b:b + bs, :k]
+                whole[b:b + bs, k - 1] = right.all(1)
+                prefix[b:b + bs, k - 1] = np.where(right.all(1), k, (~right).argmax(1))  # right tokens before the first wrong
+                other[b:b + bs, k - 1] = (~np.isin(out, meta["answer_ids"])).sum(1)
         steps = list(range(1, K + 1))
         records += [{"index": i, "r": r, "k": K, "steps": steps, "correct": last[i].astype(int).tolist(),
-                     "chain_correct": whole[i].astype(int).tolist(), "output_tokens": steps} for i in range(n)]
+                     "chain_correct": whole[i].astype(int).tolist(), "right_prefix": prefix[i].tolist(),
+                     "non_answer": other[i].tolist(), "output_tokens": steps} for i in range(n)]
     return records, meta
 
 
@@ -83,15 +90,22 @@ def acc_se(flags):
 
 
 def chain_summary(recs, train_max_k):
-    """The CoT extras of one r's summary row: whole-chain accuracy by depth k and seen/beyond the trained
-    depth, and output_tokens_per_answer (the mean tokens generated per answer; the loop answers with 1)."""
+    """The CoT extras of one r's summary row: whole-chain accuracy by depth and over the trained depths / beyond
+    them, and output_tokens_per_answer (the mean tokens generated per answer; the loop answers with 1)."""
     flags = np.array([c for x in recs for c in x["chain_correct"]])
     ks = np.array([k for x in recs for k in x["steps"]])
     out = {"chain_by_k": {str(k): dict(zip(("accuracy", "se"), acc_se(flags[ks == k])), n=int((ks == k).sum()))
                           for k in sorted(set(ks.tolist()))}}
-    for name, sel in (("seen", ks <= train_max_k), ("beyond", ks > train_max_k)):
+    for name, sel in (("trained", ks <= train_max_k), ("beyond", ks > train_max_k)):
         out[f"chain_accuracy_{name}_depth"], out[f"chain_se_{name}_depth"] = acc_se(flags[sel])
     out["output_tokens_per_answer"] = float(np.mean([t for x in recs for t in x["output_tokens"]]))
+    if recs and "right_prefix" in recs[0]:  # what the chains say beyond the trained depth
+        prefix = np.array([p for x in recs for p in x["right_prefix"]])
+        other = np.array([o for x in recs for o in x["non_answer"]])
+        out["chain_diagnosis_by_k"] = {str(k): {"right_prefix": float(prefix[ks == k].mean()),
+                                                "wrong_at_trained_depth_plus_1": float((prefix[ks == k] == train_max_k).mean()),
+                                                "non_answer_tokens": float(other[ks == k].mean())}
+                                       for k in sorted(set(ks.tolist()))}
     return out
 
 
@@ -99,6 +113,6 @@ def chain_table(rows):
     """The lines eval_math.py's depth table adds for CoT data (columns: r, as above)."""
     cell = lambda x, name: f"{x[f'chain_accuracy_{name}_depth']:>8.3f}+-{x[f'chain_se_{name}_depth']:.3f}"
     return "\n".join(["whole chain right:"] + [f"{name:>6}" + "".join(cell(x, name) for x in rows)
-                                                for name in ("seen", "beyond")]
+                                                for name in ("trained", "beyond")]
                      + ["tokens" + "".join(f"{x['output_tokens_per_answer']:>15.2f}" for x in rows)
                         + "   (output tokens per answer; the loop answers with 1)"])

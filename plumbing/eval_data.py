@@ -92,8 +92,9 @@ def load_problems(args):
 
 def load_bin(args, model):
     """(meta, ids, targets, steps) of --split in --data (data/<set>/prepare.py's format, see
-    data/common.py), checked against the model's vocabulary and, for text data, its tokenizer."""
-    from data.common import check_tokenizer, load_meta, open_split
+    data/common.py), checked against the model's vocabulary and, for text data, its tokenizer. Sets
+    args.split_name: the split's own name ("dev" for --split val on the depth task)."""
+    from data.common import check_tokenizer, load_meta, open_split, resolve_split
     if not args.data:
         raise EvalError(f"--task {args.task} needs --data DIR (a dir written by data/<set>/prepare.py)")
     try:
@@ -104,6 +105,7 @@ def load_bin(args, model):
         if tok_path.suffix == ".gguf" or any((tok_path / f).exists() for f in ("tokenizer.json", "tokenizer.model", "original")):
             from plumbing.tokenizer import load_tokenizer  # text data: same tokenizer as the model, or the loss is noise
             check_tokenizer(meta, load_tokenizer(args.tok_path).fingerprint, args.data, args.init)
+        args.split_name = resolve_split(meta, args.split)
         return (meta,) + open_split(args.data, args.split, meta)
     except (FileNotFoundError, ValueError) as e:
         raise EvalError(str(e)) from None

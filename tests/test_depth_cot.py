@@ -194,7 +194,7 @@ class Oracle(torch.nn.Module):
 
 
 def evaluate(model, data, r=(1,), batch_size=16, limit=0):
-    args = SimpleNamespace(r=list(r), limit=limit, batch_size=batch_size, seed=0, device="cpu", task="depth")
+    args = SimpleNamespace(r=list(r), limit=limit, batch_size=batch_size, seed=0, device="cpu", task="depth", split="dev", split_name="dev")
     meta = load_meta(data)
     records, meta = run_depth_cot(args, model, meta, open_split(data, "val", meta)[0])
     return records, eval_math.summarize(args, model, records, meta)
@@ -208,7 +208,7 @@ def test_oracle_scores_one_and_passes_r(dirs):
         assert sorted(row["by_k"], key=int) == [str(k) for k in range(1, K + 1)]
         assert all(c["accuracy"] == 1.0 and c["n"] == N_VAL for c in row["by_k"].values())
         assert all(c["accuracy"] == 1.0 for c in row["chain_by_k"].values())
-        assert row["accuracy_seen_depth"] == row["accuracy_beyond_depth"] == 1.0 == row["chain_accuracy_beyond_depth"]
+        assert row["accuracy_trained_depth"] == row["accuracy_beyond_depth"] == 1.0 == row["chain_accuracy_beyond_depth"]
         assert row["output_tokens_per_answer"] == (K + 1) / 2  # depth k writes k tokens
     # every depth k: k forwards per batch of rows (40 rows: batches of 16, 16, 8), each with the eval's r
     want = [((bs, k + 2 + i), r) for r in (1, 3) for k in range(1, K + 1) for bs in (16, 16, 8) for i in range(k)]
@@ -221,14 +221,14 @@ def test_wrong_models_score_as_expected(dirs):
     # right chains up to depth 3, a wrong last token beyond: 1 at k <= 3, 0 after, for the answer and the chain
     _, [row] = evaluate(Oracle(wrong=lambda k, j: k > 3 and j == k - 1), cot)
     assert {k: c["accuracy"] for k, c in row["by_k"].items()} == {str(k): float(k <= 3) for k in range(1, K + 1)}
-    assert row["chain_by_k"] == row["by_k"]
-    assert row["accuracy_seen_depth"] == pytest.approx(3 / 4) and row["accuracy_beyond_depth"] == 0.0
+    assert row["chain_by_k"] == {d: {k: c[k] for k in ("accuracy", "se", "n")} for d, c in row["by_k"].items()}
+    assert row["accuracy_trained_depth"] == pytest.approx(3 / 4) and row["accuracy_beyond_depth"] == 0.0
     # a wrong first chain token, the rest right (this oracle reads only the elements): the answer is
     # right from depth 2 on, the whole chain never
     _, [row] = evaluate(Oracle(wrong=lambda k, j: j == 0), cot, limit=10)
     assert {k: c["accuracy"] for k, c in row["by_k"].items()} == {str(k): float(k >= 2) for k in range(1, K + 1)}
     assert all(c["accuracy"] == 0.0 and c["n"] == 10 for c in row["chain_by_k"].values())
-    assert row["accuracy_beyond_depth"] == 1.0 and row["chain_accuracy_seen_depth"] == 0.0
+    assert row["accuracy_beyond_depth"] == 1.0 and row["chain_accuracy_trained_depth"] == 0.0
     # experiments/repeat.py aggregates it like a loop evaluation
     table = repeat.aggregate([{"results": [row]}])
     assert table["1"]["1"]["mean"] == 0.0 and table["beyond"]["1"]["mean"] == 1.0
@@ -267,7 +267,7 @@ def test_train_and_eval_end_to_end(dirs, tmp_path):
     [row] = saved["results"]
     assert saved["train_max_k"] == TRAIN_K and row["r"] == 1 and row["output_tokens_per_answer"] == (K + 1) / 2
     assert sorted(row["by_k"], key=int) == [str(k) for k in range(1, K + 1)] and row["by_k"]["7"]["n"] == 8
-    assert 0 <= row["accuracy_seen_depth"] <= 1 and 0 <= row["accuracy_beyond_depth"] <= 1
+    assert 0 <= row["accuracy_trained_depth"] <= 1 and 0 <= row["accuracy_beyond_depth"] <= 1
     assert (tmp_path / "eval" / "depth_accuracy.png").stat().st_size > 0
     # the answers at depth K are those of plain greedy decoding, one row at a time
     model = RecurrentGPT.from_pretrained(run).eval()

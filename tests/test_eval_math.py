@@ -346,9 +346,10 @@ def test_depth_end_to_end(depth_setup, tmp_path):
     model = RecurrentGPT.from_pretrained(ckpt).eval()
     meta = json.load(open(data / "meta.json"))
     T = meta["seq_len"]
-    ids = np.fromfile(data / "val.bin", dtype=np.uint16).reshape(-1, T).astype(np.int64)
-    tgt = np.fromfile(data / "val_targets.bin", dtype=np.int32).reshape(-1, T)
-    step = np.fromfile(data / "val_step.bin", dtype=np.uint8).reshape(-1, T)
+    ids = np.fromfile(data / "dev.bin", dtype=np.uint16).reshape(-1, T).astype(np.int64)  # the default split
+    tgt = np.fromfile(data / "dev_targets.bin", dtype=np.int32).reshape(-1, T)
+    step = np.fromfile(data / "dev_step.bin", dtype=np.uint8).reshape(-1, T)
+    assert summary["split"] == "dev"
     for row in summary["results"]:
         with torch.no_grad():
             pred = model(torch.from_numpy(ids), num_steps=row["r"])[0].argmax(-1).numpy()
@@ -356,7 +357,8 @@ def test_depth_end_to_end(depth_setup, tmp_path):
         for k in range(1, 7):
             want = float((pred[step == k] == tgt[step == k]).mean())
             assert row["by_k"][str(k)]["accuracy"] == pytest.approx(want) and row["by_k"][str(k)]["n"] == 60
-        assert row["accuracy_seen_depth"] == pytest.approx(float((pred == tgt)[(step >= 1) & (step <= 4)].mean()))
+            assert row["by_k"][str(k)]["seen_in_train"] == meta["seen_in_train"]["dev"][str(k)]
+        assert row["accuracy_trained_depth"] == pytest.approx(float((pred == tgt)[(step >= 1) & (step <= 4)].mean()))
     # the brief training taught the first step (p_1 = g_1) far above chance (1/6)
     assert summary["results"][0]["by_k"]["1"]["accuracy"] > 0.5
 
@@ -470,14 +472,14 @@ def test_prompts_past_the_context_are_warned_about(smol_tok_dir, tmp_path, capsy
     assert len(warning) == 1 and "2 of 2 prompts" in warning[0] and "context of 24 tokens" in warning[0]
 
 
-@pytest.mark.parametrize("name,keep,needle", [("val.bin", -1, "val.bin has 839 bytes, not a whole number of uint16"),
-                                              ("val_targets.bin", -4, "targets has 419 entries but ids have 420"),
-                                              ("val.bin", 0, "val.bin is empty")])
+@pytest.mark.parametrize("name,keep,needle", [("dev.bin", -1, "dev.bin has 839 bytes, not a whole number of uint16"),
+                                              ("dev_targets.bin", -4, "targets has 419 entries but ids have 420"),
+                                              ("dev.bin", 0, "dev.bin is empty")])
 def test_truncated_row_data_is_one_line(depth_setup, tmp_path, name, keep, needle):
     data, ckpt = depth_setup
     broken = tmp_path / "data"
     broken.mkdir()
-    for f in ("meta.json", "val.bin", "val_targets.bin", "val_step.bin"):
+    for f in ("meta.json", "dev.bin", "dev_targets.bin", "dev_step.bin"):
         raw = (data / f).read_bytes()
         (broken / f).write_bytes(raw[:keep] if f == name else raw)
     with pytest.raises(eval_math.EvalError, match=needle) as e:

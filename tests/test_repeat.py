@@ -43,7 +43,10 @@ def test_seeds_table_reuse_and_refusal(tmp_path):
             cell = summary["table"][k][r]
             assert cell["values"] == accs and cell["mean"] == pytest.approx(np.mean(accs))
             assert cell["std"] == pytest.approx(np.std(accs, ddof=1))
-    assert "| 4 (beyond) |" in summary["markdown"] and "| all k <= 3 |" in summary["markdown"]
+    assert "| 4 (beyond) |" in summary["markdown"] and "| all depths <= 3 |" in summary["markdown"]
+    dev = [json.loads((out / f"seed_{s}" / "eval_dev" / "summary.json").read_text()) for s in (1, 2)]
+    assert summary["dev_table"]["4"]["1"]["values"] == [s["results"][0]["by_k"]["4"]["accuracy"] for s in dev]
+    assert [s["split"] for s in per_seed + dev] == ["test", "test", "dev", "dev"]
     # --aggregate: the same table from the seeds' eval dirs, as for seeds trained outside repeat.py
     p = repeat("--aggregate", *(out / f"seed_{s}" / "eval" for s in (1, 2)))
     assert p.returncode == 0 and summary["markdown"] in p.stdout, p.stderr[-2000:]
