@@ -25,7 +25,7 @@ def by_k(ax, A, arms_r, title, train_k=6):
 
 
 def by_r(ax, A, names, k, title):
-    """Accuracy against test loops r at depth k (or "seen"), one line per arm."""
+    """Accuracy against test loops r at depth k (or "trained"), one line per arm."""
     for name in names:
         rs = sorted(A[name].table[str(k)], key=int)
         acc = [A[name].acc(k, r) for r in rs]
@@ -64,7 +64,7 @@ def plot(name, A, measured, path, steps):
         by_r(ax[0], A, ["retrofit", "scratch"], 6, "k=6 (the trained depth)")
         by_r(ax[1], A, ["retrofit", "scratch"], 9, "k=9 (1.5x, beyond)")
     elif name == "pretrained":
-        by_r(ax[0], A, ["retrofit", "random"], "seen", "depth task, k <= 6")
+        by_r(ax[0], A, ["retrofit", "random"], "trained", "depth task, k <= 6")
         loss = measured["text_val_loss_r4"]
         ax[1].bar(list(loss), [v["mean"] for v in loss.values()], yerr=[v["std"] for v in loss.values()], capsize=4)
         ax[1].set(ylabel=f"val loss at r=4 after {steps['text']} steps", title="SmolLM2 (2,2,2) on data/sotu")

@@ -126,7 +126,7 @@ class Arm:
         self.table, self.seeds = self.summary["table"], self.summary["seeds"]
 
     def acc(self, k, r):
-        """Per-seed accuracies at depth k (or "seen"/"beyond") and r (static arms: their one r)."""
+        """Per-seed accuracies at depth k (or "trained"/"beyond") and r (static arms: their one r)."""
         cells = self.table[str(k)]
         return np.array(cells[str(r)]["values"] if str(r) in cells else next(iter(cells.values()))["values"])
 
@@ -187,7 +187,7 @@ def loops(A):
 
 
 def pretrained(A):
-    depth = {n: A[n].acc("seen", 8) for n in ("retrofit", "random")}
+    depth = {n: A[n].acc("trained", 8) for n in ("retrofit", "random")}
     loss = {n: A[n].table["val_loss"]["4"]["values"] for n in ("text_pretrained", "text_random")}
     rows = {"depth_seen_r8": {n: fig(v) for n, v in depth.items()}, "text_val_loss_r4": {n: fig(v) for n, v in loss.items()}}
     holds = every(depth["retrofit"], depth["random"]) and every(loss["text_random"], loss["text_pretrained"])
@@ -263,7 +263,7 @@ def optimizer(A):
 
 
 def adapter(A):
-    full, only = A["retrofit_ss"].acc("seen", 8), A["adapter_ss"].acc("seen", 8)
+    full, only = A["retrofit_ss"].acc("trained", 8), A["adapter_ss"].acc("trained", 8)
     rows = {"seen_r8": {"full": fig(full), "adapter_only": fig(only)},
             "beyond_r8": {"full": fig(A["retrofit_ss"].acc("beyond", 8)), "adapter_only": fig(A["adapter_ss"].acc("beyond", 8))},
             "by_k_r8": {n: {k: fig(A[n].acc(k, 8)) for k in range(1, 13)} for n in ("retrofit_ss", "adapter_ss")}}
@@ -285,23 +285,23 @@ def supervision(A):
 def cot(A):
     loop, chain, r = A["retrofit_ss"], A["cot"], LOOP_R
     rows = {"loop_r": r, "beyond": {"loop": fig(loop.acc("beyond", r)), "cot": fig(chain.acc("beyond", 1))},
-            "seen": {"loop": fig(loop.acc("seen", r)), "cot": fig(chain.acc("seen", 1))},
+            "trained": {"loop": fig(loop.acc("trained", r)), "cot": fig(chain.acc("trained", 1))},
             "by_k": {n: {k: fig(a.acc(k, r if n == "loop" else 1)) for k in range(1, 13)} for n, a in (("loop", loop), ("cot", chain))},
             "output_tokens_per_answer": {"loop": 1.0, "cot": json.loads(  # the mean k of the prompts: the same every seed
                 (chain.dir / f"seed_{chain.seeds[0]}" / "eval" / "summary.json").read_text())["results"][0]["output_tokens_per_answer"]}}
     holds = every(loop.acc("beyond", r), chain.acc("beyond", 1))
     text = (f"k>6: loop (r={r}) {fmt(rows['beyond']['loop'])} vs token chain {fmt(rows['beyond']['cot'])}; k<=6: "
-            f"{fmt(rows['seen']['loop'])} vs {fmt(rows['seen']['cot'])}; output tokens per answer 1 vs "
+            f"{fmt(rows['trained']['loop'])} vs {fmt(rows['trained']['cot'])}; output tokens per answer 1 vs "
             f"{rows['output_tokens_per_answer']['cot']:.1f}")
     return rows, holds, text
 
 
 def static(A):
     loop, base, r = A["retrofit"], A["static"], LOOP_R
-    rows = {"loop_r": r, **{part: {"loop": fig(loop.acc(part, r)), "static": fig(base.acc(part, 1))} for part in ("seen", "beyond")},
+    rows = {"loop_r": r, **{part: {"loop": fig(loop.acc(part, r)), "static": fig(base.acc(part, 1))} for part in ("trained", "beyond")},
             "train_flops": {"loop": fig(loop.flops()), "static": fig(base.flops())}}
     holds = every(loop.acc("beyond", r), base.acc("beyond", 1))
-    text = (f"loop at r={r} vs the uncut parent fine-tuned: k<=6 {fmt(rows['seen']['loop'])} vs {fmt(rows['seen']['static'])}, "
+    text = (f"loop at r={r} vs the uncut parent fine-tuned: k<=6 {fmt(rows['trained']['loop'])} vs {fmt(rows['trained']['static'])}, "
             f"k>6 {fmt(rows['beyond']['loop'])} vs {fmt(rows['beyond']['static'])}; train FLOPs "
             f"{rows['train_flops']['loop']['mean']:.2e} vs {rows['train_flops']['static']['mean']:.2e}")
     return rows, holds, text

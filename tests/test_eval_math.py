@@ -191,6 +191,7 @@ import sys  # noqa: E402
 import torch  # noqa: E402
 
 import eval_math  # noqa: E402
+from data.common import open_split  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -377,13 +378,14 @@ def test_loss_matches_model_loss(depth_setup, tmp_path):
         summary = eval_math.main(["--init", str(ckpt), "--task", "loss", "--data", str(d), "--r", "1,4",
                                   "--num_batches", "1", "--batch_size", "4", "--seq_len", "32", "--out_dir",
                                   str(tmp_path / "out")])
-        ids = np.fromfile(d / "val.bin", dtype=np.uint16).astype(np.int64)
+        ids, targets, _ = open_split(d, "dev")  # the depth task's dev.bin, the text set's val.bin
+        ids = np.asarray(ids).astype(np.int64)
         row_data = d == data
         starts = np.random.default_rng(1337).integers(0, len(ids) // T if row_data else len(ids) - T - 1, size=(1, 4))[0]
         starts = starts * T if row_data else starts
         x = np.stack([ids[s:s + T] for s in starts])
         if row_data:
-            y = np.fromfile(d / "val_targets.bin", dtype=np.int32).astype(np.int64)
+            y = np.asarray(targets).astype(np.int64)
             y = np.stack([y[s:s + T] for s in starts])
         else:
             y = np.stack([ids[s + 1:s + T + 1] for s in starts])
