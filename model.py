@@ -243,7 +243,7 @@ class RecurrentConfig:
     state_init: str = "normal"  # normal (truncated at 3 std) | zero | embed (s_0 = e)
     state_std: float | None = None  # None: sqrt(2 / (5 h)) as in Huginn
     norm_before_coda: bool = False  # Huginn applies the final norm to s_r before the coda, and again after it
-    mean_recurrence: int = 4  # r used when num_steps is None
+    mean_recurrence: int = 4  # the default r at inference (num_steps=None); train.py's sampler mean when it trains
     exit_gate: bool = False  # a learned exit gate on the state (exit_gate.py; train.py --exit_gate)
     # provenance, written by surgery.py / train.py
     layers: dict | None = None  # {"prelude": [...], "core": [...], "coda": [...]} parent layer indices
@@ -270,6 +270,50 @@ class Trajectory:
     loss: torch.Tensor | None
     states: list | None
     loop_logits: list | None
+
+
+class PerLoopReadout:
+    """Readouts after the grad loops before the last, for one forward pass. Per-loop supervision (Shapiro 2026,
+    "Retrofitting Recurrent Depth into a Pretrained Language Model", arXiv 2608.11233): after loop i the coda
+    reads out and is trained on the labels of task depth <= i, the ones i loops can have computed, so that each
+    loop learns one step of the task. Also the logits after every loop for analysis (return_loop_logits).
+
+    at (B, T) bool: where the head reads out (labeled_only), or None: everywhere. In training (labeled_only, no
+    logits kept) the head reads out only where this loop has a label (exact: the others carry no loss): at r = 4,
+    loops 1-3 of a depth-6 row read 1 + 2 + 3 of its 6 labels, a third of the per-loop head's cost."""
+
+    def __init__(self, model, rope, targets, depths, weight, at, keep_logits):
+        self.model, self.rope, self.targets, self.at = model, rope, targets, at
+        self.depths = depths if depths is not None and weight > 0 else None  # None: no per-loop loss
+        self.weight, self.keep_logits = weight, keep_logits
+        self.logits, self.losses = [], []
+
+    @property
+    def wanted(self):
+        return self.depths is not None or self.keep_logits
+
+    def after_loop(self, s, loop):
+        """The readout of the state s after `loop` loops (1-based), and its loss on the labels of depth <= loop."""
+        reach = self.depths <= loop if self.depths is not None else None
+        own = reach is not None and self.at is not None and not self.keep_logits
+        logits = self.model.readout(s, self.rope, positions=self.at & reach if own else self.at)  # (B, T, V) or (N, V)
+        if self.keep_logits:
+            self.logits.append(logits)
+        if reach is not None:
+            labels = (self.targets[self.at & reach] if own
+                      else flat_labels(self.targets.masked_fill(~reach, IGNORE_INDEX), self.at))
+            self.losses.append(loop_loss(logits, labels))
+
+    def loss(self, final):
+        """(L_r + w sum_i L_i) / (1 + w (k - 1)): the outcome loss and the per-loop losses, weight w each."""
+        if not self.losses:
+            return final
+        return (final + self.weight * sum(self.losses)) / (1 + self.weight * len(self.losses))
+
+
+def flat_labels(targets, at):
+    """The labels of the positions the head read out: those at `at`, or every position (flattened)."""
+    return targets[at] if at is not None else targets.reshape(-1)
 
 
 def loop_loss(logits, labels):
@@ -393,7 +437,9 @@ class RecurrentGPT(nn.Module):
         return self.lm_head(x if positions is None else x[positions]).float()
 
     def split_loops(self, num_steps):
-        """num_steps (int r, a pair (n, k), or None) -> (n loops without grad, k with grad)."""
+        """num_steps (the loops r, a pair (no-grad loops, grad loops), or None) -> (no-grad loops, grad loops).
+        None: config.mean_recurrence loops, the model's default r at inference (what the transformers remote
+        code and lm-eval's mean_recurrence=... set)."""
         if not self.config.recurrent:
             return 0, 1
         if num_steps is None:
@@ -406,7 +452,8 @@ class RecurrentGPT(nn.Module):
     def forward(self, idx, targets=None, num_steps=None, *, seeds=None, depths=None, depth_weight=0.0,
                 labeled_only=False, return_states=False, return_loop_logits=False):
         """The one forward of training, evaluation and analysis; sample.py's CachedForward, the decoder with a
-        KV cache, is the one other loop. idx, targets (B, T); num_steps r or (n without grad, k with grad).
+        KV cache, is the one other loop. idx, targets (B, T); num_steps: the loops r, or a pair (no-grad loops,
+        grad loops) (split_loops; the name num_steps is Huginn's, kept for its remote code and lm-eval).
         Returns (logits (B, T, V), loss), or a Trajectory when return_states / return_loop_logits ask for
         the states s_0..s_r / the readouts after the grad loops. Keywords of training (train.py):
           seeds (B,)        s_0 of row b from its own generator (init_state), the same at any world size
@@ -415,49 +462,35 @@ class RecurrentGPT(nn.Module):
                             cost saved)
           depths (B, T)     the task depth of each position's label: with depth_weight w > 0 the coda also
                             reads out after every grad loop i < r, trained on the labels of depth <= i
-                            (per-loop supervision, arXiv 2608.11233); loss = (L_r + w sum_i L_i) / (1 + w (k-1))"""
-        n, k = self.split_loops(num_steps)
+                            (per-loop supervision: PerLoopReadout)"""
+        no_grad_loops, grad_loops = self.split_loops(num_steps)
         rope = self.rope(torch.arange(idx.shape[1], device=idx.device))
         at = targets != IGNORE_INDEX if labeled_only else None  # (B, T) where the head reads out, or everywhere
-        flat = lambda t: t[at] if labeled_only else t.reshape(-1)  # the labels of the positions read out
-        supervise = depths is not None and depth_weight > 0
+        per_loop = PerLoopReadout(self, rope, targets, depths, depth_weight, at, return_loop_logits)
         # 1. embedding + prelude, once: e (B, T, h) is injected again in every loop
         e = self.run_prelude(idx, rope)
         # 2. the initial state s_0 (B, T, h), drawn afresh every forward pass
         s = self.init_state(e, seeds=seeds)
-        states, loop_logits, loop_losses = [s] if return_states else None, [], []  # kept only when asked
-        # 3. truncated backprop through the loops (McLeish et al., arXiv 2511.07384): the first n keep no
-        # activations; the prelude still gets gradient through e, which every grad loop injects again
+        states = [s] if return_states else None  # s_0 .. s_r, kept only when asked
+        # 3. truncated backprop (McLeish et al., arXiv 2511.07384): the first loops keep no activations
         with torch.no_grad():
-            for i in range(n):
+            for i in range(no_grad_loops):
                 s = self.iterate(s, e, rope, i)
-                if return_states:
-                    states.append(s)
-        # 4. the last k loops, with gradient; after each but the last the coda reads out when asked
-        for i in range(n, n + k):
+                if return_states: states.append(s)
+        # 4. the last loops with gradient; the prelude still learns through e, which each of them injects
+        for i in range(no_grad_loops, no_grad_loops + grad_loops):
             s = self.iterate(s, e, rope, i)
-            if return_states:
-                states.append(s)
-            if (supervise or return_loop_logits) and i < n + k - 1:
-                reach = depths <= i + 1 if supervise else None  # after loop i + 1: the labels of depth <= i + 1
-                # in training the head reads out only where this loop has a label (exact: the others are ignored):
-                # at r = 4 loops 1-3 of a depth-6 row read 1 + 2 + 3 of its 6 labels, a third of the per-loop head
-                own = supervise and labeled_only and not return_loop_logits
-                logits = self.readout(s, rope, positions=at & reach if own else at)  # (B, T, V) or (N, V)
-                if return_loop_logits:
-                    loop_logits.append(logits)
-                if supervise:
-                    loop_losses.append(loop_loss(logits, targets[at & reach] if own
-                                                 else flat(targets.masked_fill(~reach, IGNORE_INDEX))))
-        # 5. coda, final norm, head; the loss (the outcome loss, and the per-loop losses with weight w)
+            if return_states: states.append(s)
+            if per_loop.wanted and i < no_grad_loops + grad_loops - 1:
+                per_loop.after_loop(s, i + 1)  # per-loop supervision, or the readouts analyze.py asks for
+        # 5. coda, final norm, head; the loss: the outcome's, with the per-loop losses when supervised
         logits = self.readout(s, rope, positions=at)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), flat(targets), ignore_index=IGNORE_INDEX)
-            if loop_losses:
-                loss = (loss + depth_weight * sum(loop_losses)) / (1 + depth_weight * len(loop_losses))
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), flat_labels(targets, at), ignore_index=IGNORE_INDEX)
+            loss = per_loop.loss(loss)
         if return_states or return_loop_logits:
-            return Trajectory(logits, loss, states, loop_logits + [logits] if return_loop_logits else None)
+            return Trajectory(logits, loss, states, per_loop.logits + [logits] if return_loop_logits else None)
         return logits, loss
 
     # --- accounting

@@ -21,9 +21,9 @@ fp32 and the step is ~3x faster, bench_train, RESULTS.md), in fp32 on any other 
 Under FSDP2 (train.py --fsdp, plumbing/fsdp.py) every parameter is a DTensor holding one rank's rows of
 the matrix. Momentum, weight decay and the update are elementwise and run on those rows; Newton-Schulz
 needs the whole matrix, so matrix i is gathered onto rank i % world, orthogonalized there, and its rows
-scattered back (orthogonalize_sharded): the same update, each rank doing 1/world of the work.
+scattered back (plumbing/fsdp.py orthogonalize_sharded): the same update, each rank doing 1/world of the work.
 
-    python -m pytest -q tests/test_muon.py          # checks it against torch.optim.Muon
+    python -m pytest -q tests/test_muon.py          # checks it against torch.optim.Muon and newton_schulz
     python bench/bench_train.py --only muon         # step time vs torch.optim.Muon
     python -m pytest -q tests/test_fsdp.py          # the sharded step, in train.py --fsdp against DDP
 """
@@ -32,7 +32,6 @@ import math
 from collections import defaultdict
 
 import torch
-import torch.distributed as dist
 
 from plumbing.device import cpu_bf16, is_dtensor
 
@@ -41,9 +40,27 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 CPU_CHUNK_ELEMENTS = 1 << 22  # matrices stacked per bmm on CPU: up to 4M elements (16 MB in fp32)
 
 
+def newton_schulz(G, ns_steps=5, ns_coefficients=NS_COEFFICIENTS, eps=1e-7):
+    """The iteration of Keller Jordan's Muon, on one matrix G (rows, cols): scale G so that every singular
+    value lies in [0, 1], then ns_steps times X <- a X + (b A + c A^2) X with A = X X^T. Each step maps every
+    singular value sigma to a sigma + b sigma^3 + c sigma^5, a quintic pushing them all towards 1: the result
+    is U S' V^T with S' ~ Uniform(0.5, 1.5) rather than the exact U V^T of G = U S V^T (enough for Muon, and
+    5 steps). A is taken on the small side (X transposed when tall)."""
+    a, b, c = ns_coefficients
+    X = G / G.norm().clamp(min=eps)  # Frobenius norm >= spectral norm: singular values in [0, 1]
+    tall = X.shape[0] > X.shape[1]
+    X = X.mT if tall else X
+    for _ in range(ns_steps):
+        A = X @ X.mT
+        X = a * X + (b * A + c * A @ A) @ X
+    return X.mT if tall else X
+
+
 def zeropower_via_newtonschulz(G, ns_coefficients=NS_COEFFICIENTS, ns_steps=5, eps=1e-7, dtype=None):
-    """Approximately orthogonalize a stack of matrices G (n, rows, cols) with rows <= cols, all at once.
-    Returns U S' V^T with S' ~ Uniform(0.5, 1.5) rather than U V^T (enough for Muon, and 5 steps)."""
+    """newton_schulz() for a stack of matrices G (n, rows, cols) with rows <= cols, all at once, at speed:
+    one torch.bmm / torch.baddbmm per product for the whole stack, in dtype (bf16 where the device multiplies it
+    natively), and in fp32 reassociated for wide matrices (below). tests/test_muon.py checks it against
+    newton_schulz."""
     a, b, c = ns_coefficients
     X = G.to(dtype or G.dtype)
     # Frobenius norm >= spectral norm, so every singular value starts in [0, 1]
@@ -124,6 +141,8 @@ class Muon(torch.optim.Optimizer):
             # momentum for all matrices in two fused calls (same arithmetic as torch's lerp)
             torch._foreach_lerp_(bufs, grads, 1 - mu)
             updates = [g.lerp(b, mu) for g, b in zip(grads, bufs)] if group["nesterov"] else bufs
+            if sharded:  # only --fsdp imports plumbing/fsdp.py (torch.distributed.checkpoint: ~1.5 s a start)
+                from plumbing.fsdp import orthogonalize_sharded
             ortho = orthogonalize_sharded(params, updates, group) if sharded else orthogonalize(updates, group)
 
             lr, wd = group["lr"], group["weight_decay"]
@@ -159,56 +178,4 @@ def orthogonalize(updates, group):
             O = zeropower_via_newtonschulz(G, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
             for j, i in enumerate(idx):
                 ortho[i] = O[j].mT if tall else O[j]
-    return ortho
-
-
-# -----------------------------------------------------------------------------
-# sharded matrices (FSDP2, plumbing/fsdp.py): Newton-Schulz needs each matrix whole
-
-
-def orthogonalize_sharded(params, updates, group):
-    """orthogonalize() for DTensor parameters that FSDP2 shards by rows (Shard(0)) over a 1-D mesh; updates
-    are this rank's rows of each matrix. Matrix i is orthogonalized whole on rank i % world, in rounds of
-    `world` matrices (one each): its rows are gathered onto that rank, and the result's rows scattered
-    back. Each rank runs Newton-Schulz on 1/world of the matrices and receives about 2/world of their
-    bytes, where an all-gather of every matrix on every rank would receive all of them and compute all.
-    Returns this rank's rows of each orthogonalized update, in ns_dtype."""
-    from torch.distributed.tensor import Shard  # here: only --fsdp needs it (plumbing.device.is_dtensor)
-
-    mesh = params[0].device_mesh
-    if mesh.ndim != 1 or any(p.placements != (Shard(0),) for p in params):
-        raise ValueError("Muon takes DTensor parameters sharded by rows over one mesh dimension (FSDP2's default)")
-    pg = mesh.get_group()
-    world, rank = dist.get_world_size(pg), dist.get_rank(pg)
-    ortho = [None] * len(params)
-    for base in range(0, len(params), world):
-        owned = list(range(base, min(base + world, len(params))))  # matrix owned[j] goes to rank j
-        # FSDP2 splits rows as torch.chunk does: ceil(R / world) rows a rank, the last ranks fewer or none;
-        # zero rows pad each shard to that size, as gather and scatter need equal pieces
-        size = {i: -(-params[i].shape[0] // world) for i in owned}
-        pad = lambda t, n: torch.cat([t, t.new_zeros(n - t.shape[0], *t.shape[1:])]) if t.shape[0] < n else t
-        # 1. gather: rank j receives every rank's rows of matrix owned[j]
-        pieces, works = None, []
-        for j, i in enumerate(owned):
-            recv = [updates[i].new_empty(size[i], updates[i].shape[1]) for _ in range(world)] if j == rank else None
-            works.append(dist.gather(pad(updates[i], size[i]).contiguous(), recv, group=pg, group_dst=j,
-                                     async_op=True))
-            pieces = recv if j == rank else pieces
-        for w in works:
-            w.wait()
-        # 2. Newton-Schulz on the whole matrix this rank owns in the round
-        mine = None
-        if rank < len(owned):
-            i = owned[rank]
-            mine = orthogonalize([torch.cat(pieces)[:params[i].shape[0]]], group)[0]
-        # 3. scatter: rank j sends each rank its rows of the orthogonalized owned[j]
-        out, works = {}, []
-        for j, i in enumerate(owned):
-            out[i] = updates[i].new_empty(size[i], updates[i].shape[1], dtype=ns_dtype(group, updates[i].device))
-            send = list(pad(mine, size[i] * world).contiguous().chunk(world)) if j == rank else None
-            works.append(dist.scatter(out[i], send, group=pg, group_src=j, async_op=True))
-        for w in works:
-            w.wait()
-        for i in owned:
-            ortho[i] = out[i][:updates[i].shape[0]]
     return ortho

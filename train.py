@@ -32,7 +32,7 @@ import math
 import os
 import sys
 import time
-from types import SimpleNamespace
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -201,6 +201,16 @@ def sample_num_steps(step, mean_r, sigma=0.5, seed=0):
     return int(torch.poisson(torch.exp(tau), generator=g).item()) + 1
 
 
+def sample_loops(step, args, recurrent=True):
+    """This step's loops: r drawn around the curriculum's rbar (sample_num_steps; 1 for a static model, a fixed
+    --exit_gate_r for the gate, which learns on whole trajectories), and its split for truncated backprop:
+    (no-grad loops, grad loops) = (max(r - k, 0), min(r, k)), k = --backprop_depth."""
+    mean_r = schedule_at(step, args)["mean_recurrence"]
+    r = sample_num_steps(step, mean_r, args.recurrence_sigma, args.seed) if recurrent else 1
+    r = args.exit_gate_r if args.exit_gate else r
+    return r, (max(r - args.backprop_depth, 0), min(r, args.backprop_depth))
+
+
 def mean_recurrence_at(step, max_iters, mean_r, curriculum="constant", frac=0.25):
     """Curriculum of the mean: over the first W = frac * max_iters steps rbar(t) = ceil(mean_r f(t/W)),
     at least 1, with f(u) = u (linear) or 1 - sqrt(1 - u) (1-sqrt); mean_r afterwards."""
@@ -277,23 +287,231 @@ def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, a
     return out
 
 
-def evaluate(model, val_data, args, device, autocast, step, levels, log, bar):
-    """The master's evaluation at `step` (under --fsdp every rank's, each holding a shard): the validation loss
+# -----------------------------------------------------------------------------
+# the training loop
+
+
+@dataclass
+class Run:
+    """What the loop reads and changes, built once by start_run.
+
+    Fixed for the run: where it runs (device; rank and world of torchrun, ddp under it; the bf16 autocast
+    context or a null one), what it trains (model; ddp_model, the module the forward runs through: DDP's wrap
+    of the model, or the model; opts, the optimizers; trainable, their parameters), what it reads (train_data,
+    val_data from plumbing/batches.py; T, the tokens of a row; tokens_per_step over all ranks; grad_accum, the
+    micro-batches of each rank a step) and where it writes (save(step), which writes a checkpoint and returns its
+    time; log, the master's log.jsonl, and bar, its progress bar).
+    Moving: step (the optimizer step about to run), start_step (where this process started), tokens and flops
+    so far, levels (the guards' running loss levels), bad_in_row (NaN/inf steps in a row), t_start and t_saved
+    (the run's clock and the last save's), and the pace so far (seconds and FLOPs timed, the last eval's seconds)."""
+
+    device: torch.device
+    rank: int
+    world: int
+    ddp: bool
+    autocast: object
+    model: RecurrentGPT
+    ddp_model: torch.nn.Module
+    opts: list
+    trainable: list
+    train_data: dict
+    val_data: dict
+    T: int
+    tokens_per_step: int
+    grad_accum: int
+    save: object
+    log: object
+    bar: object
+    lock: object
+    step: int
+    start_step: int
+    tokens: int
+    flops: float
+    levels: dict
+    bad_in_row: int = 0
+    t_start: float = field(default_factory=time.time)
+    t_saved: float = field(default_factory=time.time)
+    timed_s: float = 0.0
+    timed_flops: float = 0.0
+    eval_s: float = 0.0
+
+    @property
+    def master(self):
+        return self.rank == 0
+
+
+def train(args):
+    run = start_run(args)  # device, data, model and optimizers (or the --resume's save), the run directory
+    saver = run.master or args.fsdp  # who evaluates and saves: the master, or under --fsdp every rank (its shard)
+    while True:
+        # evaluate and save; a resumed run's first step was evaluated (and logged) before its save
+        evaluating = (run.step % args.eval_interval == 0 or run.step == args.max_iters) and \
+            not (args.resume and run.step == run.start_step)
+        if evaluating and saver:
+            run.eval_s = evaluate(run, args)
+        if saver and should_save(run, at_eval=evaluating):
+            run.t_saved = run.save(run.step)
+        due = not evaluating and save_due(run, args)
+        if run.step >= args.max_iters:
+            break
+        # one optimizer step: r and its split into loops without and with gradient, forward and backward
+        t0 = time.time()
+        r, num_steps = sample_loops(run.step, args, run.model.config.recurrent)
+        out = train_step(run, args, r, num_steps)
+        bad, spike = guards.judge(run.levels, out["loss"], out["grad_norm"], args.diverge_factor)
+        if saver and should_save(run, at_eval=False, due=due, sound=not bad and not spike):
+            run.t_saved = run.save(run.step)  # the weights of this step before its update, their loss now seen
+        apply_update(run, out, bad, args)  # the optimizers' step (not for a NaN/inf one), the collapse guard
+        rec = log_step(run, out, time.time() - t0, bad, args)
+        guards.track(run.levels, rec, bad, spike, run.bad_in_row, args)  # stop on NaNs or a divergence
+    run.bar.close()
+    if run.master:  # loss.png and the last lines; the lock goes
+        run_dir.finish(run.log, run.lock, args.out_dir, run.start_step, run.step, time.time() - run.t_start)
+    if run.ddp:
+        dist.destroy_process_group()
+
+
+def train_step(run, args, r, num_steps):
+    """Forward and backward of one optimizer step of r loops, num_steps = (no-grad loops, grad loops): the lr schedule,
+    gradient accumulation over the micro-batches, clipping. The update itself waits for the guards
+    (apply_update). Returns what they and the log need."""
+    step, model = run.step, run.model
+    sched, w = schedule_at(step, args), depth_weight_at(step, args)
+    for g in (g for o in run.opts for g in o.param_groups):
+        g["lr"] = g["peak_lr"] * sched["lr_mult"]
+    rows = batch_rows(step, args.batch_size * run.world * run.grad_accum, run.train_data["n"], args.seed)
+    seeds, T_step = state_seeds(step, len(rows), args.seed), labeled_length(run.train_data, rows)
+    loss_sum = torch.zeros((), device=run.device)
+    for micro in range(run.grad_accum):
+        at = (micro * run.world + run.rank) * args.batch_size
+        mine = slice(at, at + args.batch_size)
+        x, y, depths = get_batch(run.train_data, rows[mine], run.device, T_step)
+        # DDP all-reduces in the last micro-batch's backward only; the head reads out at labeled positions only
+        last = micro == run.grad_accum - 1
+        sync = run.ddp_model.no_sync() if run.ddp_model is not model and not last else contextlib.nullcontext()
+        with sync, run.autocast:
+            if args.exit_gate:  # the frozen model's trajectory, the gate's loss (exit_gate.py)
+                loss = gate_loss(model, x, y, r, seeds[mine]) / run.grad_accum
+            else:
+                loss = run.ddp_model(x, y, num_steps, seeds=seeds[mine], depths=depths, depth_weight=w,
+                                     labeled_only=True)[1] / run.grad_accum
+        loss.backward()
+        loss_sum += loss.detach()
+    if run.ddp:
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.trainable, args.grad_clip if args.grad_clip > 0 else float("inf"))
+    return dict(loss=loss_sum.item(), grad_norm=grad_norm.item(), r=r, mean_r=sched["mean_recurrence"],
+                lr_mult=sched["lr_mult"], w=w, T_step=T_step)
+
+
+def apply_update(run, out, bad, args):
+    """The optimizer step, skipped for a NaN/inf step (grads are the same on every rank after the all-reduce);
+    then the collapse guard: a blown-up or dead model is never evaluated, saved or trained on."""
+    run.bad_in_row = run.bad_in_row + 1 if bad else 0
+    norm_before = guards.weight_norm(run.trainable) if not bad and not args.fsdp else None
+    for o in run.opts:
+        if not bad:
+            o.step()
+        o.zero_grad(set_to_none=True)
+    run.step += 1
+    if norm_before is not None:
+        guards.check_collapse(run.step, out["loss"], out["grad_norm"], norm_before, guards.weight_norm(run.trainable),
+                              args.collapse_factor, args.out_dir)
+    if run.device.type == "cuda":  # the step's time, not its launch
+        torch.cuda.synchronize()
+
+
+def log_step(run, out, dt, bad, args):
+    """Count the step's tokens and FLOPs (row data cut to its labeled columns counts only those), print and log
+    its line, and after the first three steps say how long the rest will take. Returns the log record."""
+    per_token, total = run.model.flops_per_token(out["r"], args.backprop_depth), run.tokens_per_step
+    step_flops = per_token * total * out["T_step"] // run.T
+    run.tokens, run.flops = run.tokens + total, run.flops + step_flops
+    run.timed_s, run.timed_flops = run.timed_s + dt, run.timed_flops + per_token * total
+    rec = {"step": run.step, "loss": out["loss"], "r": out["r"], "mean_r": out["mean_r"], "tokens": run.tokens,
+           "flops": run.flops, "tokens_per_sec": total / dt, "lr_mult": out["lr_mult"], "grad_norm": out["grad_norm"],
+           "dt": dt, "elapsed": time.time() - run.t_start,
+           **({"step_weight": out["w"]} if args.step_supervision else {}),
+           **({"mfu": step_flops / dt / (args.peak_flops * run.world)} if args.peak_flops > 0 else {}),
+           **({"skipped": True} if bad else {})}
+    if run.master:
+        run_dir.report(run.log, run.bar, rec, args.log_interval, run.bad_in_row)
+        if run.step == run.start_step + 3 and run.step < args.max_iters:  # the first steps set the pace
+            mean_r = lambda s: schedule_at(s, args)["mean_recurrence"]
+            ahead = run_dir.time_ahead(run.model, args, run.step, total, run.timed_s / run.timed_flops, run.eval_s,
+                                       mean_r)
+            run.bar.write(run_dir.pace(ahead, args.max_iters - run.step, run.timed_s / 3, run.eval_s))
+    return rec
+
+
+def should_save(run, at_eval, due=False, sound=True):
+    """The whole saving rule. Never the step just loaded (its save is on disk) nor right after skipped steps
+    (bad_in_row): the weights must have trained since. At every eval, whose val loss vouches for the weights
+    (evaluate() stops a diverged run before this). Between evals once --ckpt_minutes have passed (due), but only
+    when the next step's loss showed the weights sound (no NaN, no spike), so that a long run between evals
+    always has a recent checkpoint."""
+    return run.step > run.start_step and run.bad_in_row == 0 and (at_eval or (due and sound))
+
+
+def save_due(run, args):
+    """--ckpt_minutes have passed since the last save; under --fsdp by the master's clock (every rank saves)."""
+    due = args.ckpt_minutes > 0 and time.time() - run.t_saved >= 60 * args.ckpt_minutes
+    if args.fsdp:
+        from plumbing import fsdp
+
+        due = fsdp.from_master(due)
+    return due
+
+
+def evaluate(run, args):
+    """The master's evaluation at run.step (under --fsdp every rank's, each holding a shard): the validation loss
     at each r and the adapter's norms, logged and printed; the run stops if the model about to be saved
     diverged. Returns the seconds estimate_loss took."""
+    model = run.model
     eval_r = int_list(args.eval_r, "--eval_r") if model.config.recurrent else [1]  # a static model runs its core once
     eval_r = [args.exit_gate_r] if args.exit_gate else eval_r  # the gate's loss; the frozen model's would not move
     t_eval = time.time()
-    val = estimate_loss(model, val_data, eval_r, args.eval_iters, args.batch_size, device, args.seed, autocast,
-                        args.exit_gate)
+    val = estimate_loss(model, run.val_data, eval_r, args.eval_iters, args.batch_size, run.device, args.seed,
+                        run.autocast, args.exit_gate)
     seconds = time.time() - t_eval
-    run_dir.report_eval(log, bar, step, val, model)
-    guards.check_eval(levels, val, step, args.diverge_factor, args.out_dir)  # before it is saved
+    run_dir.report_eval(run.log, run.bar, run.step, val, model)
+    guards.check_eval(run.levels, val, run.step, args.diverge_factor, args.out_dir)  # before it is saved
     return seconds
 
 
 # -----------------------------------------------------------------------------
-# model, optimizers, data: the run's start
+# the run's start: device, data, model and optimizers, the run directory
+
+
+def start_run(args):
+    """Everything the loop reads (Run): the device and precision, the data, the model and its optimizers (a
+    --resume's save where the run stood), DDP's wrap, the run directory (its lock, log and save function)."""
+    ddp, rank, world, device = setup(args.device)  # torchrun's ranks or one process
+    precision, why = train_precision(device, args.autocast)  # bf16 where the device multiplies it natively
+    if rank == 0:
+        print(f"precision: {precision} ({why})")
+    lock = run_dir.claim(args.out_dir, rank == 0)  # out_dir writable, and this process its only owner
+    # data first: its vocabulary sizes a scratch model, and its fingerprint must match the model's tokenizer
+    train_data, val_data = load_data(args)
+    meta, T = train_data["meta"], train_data["T"]
+    model, opts, split, tok_src, (step, flops, levels) = start(args, meta, device, rank == 0, precision)
+    # nanoGPT's wrap: the forward runs through DDP, which all-reduces the gradients in backward (a --fsdp model,
+    # sharded in start, reduce-scatters them itself)
+    wrap = ddp and not args.fsdp
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if wrap else model
+    tokens_per_step, grad_accum = accumulation(args, T, world)
+    info = run_dir.run_info(model, world, grad_accum, tokens_per_step, device, split, precision)
+    if args.fsdp:
+        from plumbing import fsdp
+    save = lambda s: (fsdp.save_checkpoint if args.fsdp else run_dir.save_checkpoint)(
+        model, opts, s, args, meta["fingerprint"], run.flops, run.levels, info, schedule_at(s, args))
+    run = Run(device=device, rank=rank, world=world, ddp=ddp, autocast=precision_context(device, precision),
+              model=model, ddp_model=ddp_model, opts=opts, trainable=[p for p in model.parameters() if p.requires_grad],
+              train_data=train_data, val_data=val_data, T=T, tokens_per_step=tokens_per_step, grad_accum=grad_accum,
+              save=save, log=run_dir.start_log(args, step, info, tok_src) if rank == 0 else None,
+              bar=tqdm(total=args.max_iters, initial=step, disable=None if rank == 0 else True, dynamic_ncols=True),
+              lock=lock, step=step, start_step=step, tokens=step * tokens_per_step, flops=flops, levels=levels)
+    return run
 
 
 def build_model(args, meta, ckpt_dir=None):
@@ -416,153 +634,6 @@ def accumulation(args, T, world):
     if total % (micro_tokens * world):
         raise TrainError(f"--total_batch_tokens {total} is not a multiple of batch_size*T*world = {micro_tokens * world}")
     return total, total // (micro_tokens * world)
-
-
-# -----------------------------------------------------------------------------
-# the loop, phase by phase: evaluate (and maybe save), train_step, the guards and the update, log_step
-
-
-def should_save(run, at_eval, due=False, sound=True):
-    """The whole saving rule. Never the step just loaded (its save is on disk) nor right after skipped steps
-    (bad_in_row): the weights must have trained since. At every eval, whose val loss vouches for the weights
-    (evaluate() stops a diverged run before this). Between evals once --ckpt_minutes have passed (due), but only
-    when the next step's loss showed the weights sound (no NaN, no spike): the default CPU run (1-3 min a step
-    on 2 shared cores, evals every 50 steps) has a checkpoint within minutes, not after an hour or two."""
-    return run.step > run.start_step and run.bad_in_row == 0 and (at_eval or (due and sound))
-
-
-def train_step(run, args):
-    """Forward and backward of one optimizer step: the lr schedule, the step's r (the same on every rank, seeded
-    by the step), truncated backprop through the last --backprop_depth loops, gradient accumulation, clipping.
-    The update itself waits for the guards (apply_update). Returns what they and the log need."""
-    step, model = run.step, run.model
-    lr_mult = get_lr(step, args.max_iters, args.warmup_iters, args.decay_frac, args.min_lr_frac)
-    mean_r = mean_recurrence_at(step, args.max_iters, args.mean_recurrence, args.curriculum, args.curriculum_frac)
-    for g in (g for o in run.opts for g in o.param_groups):
-        g["lr"] = g["peak_lr"] * lr_mult
-    r = sample_num_steps(step, mean_r, args.recurrence_sigma, args.seed) if model.config.recurrent else 1
-    r = args.exit_gate_r if args.exit_gate else r  # the gate learns on whole trajectories of a fixed length
-    num_steps = (max(r - args.backprop_depth, 0), min(r, args.backprop_depth))  # (no-grad loops, grad loops)
-    w = depth_weight_at(step, args)
-    rows = batch_rows(step, args.batch_size * run.world * run.grad_accum, run.train_data["n"], args.seed)
-    seeds, T_step = state_seeds(step, len(rows), args.seed), labeled_length(run.train_data, rows)
-    loss_sum = torch.zeros((), device=run.device)
-    for micro in range(run.grad_accum):
-        at = (micro * run.world + run.rank) * args.batch_size
-        mine = slice(at, at + args.batch_size)
-        x, y, depths = get_batch(run.train_data, rows[mine], run.device, T_step)
-        # DDP all-reduces in the last micro-batch's backward only; the head reads out at labeled positions only
-        last = micro == run.grad_accum - 1
-        with (run.ddp_model.no_sync() if run.wrap and not last else contextlib.nullcontext()), run.autocast:
-            if args.exit_gate:  # the frozen model's trajectory, the gate's loss (exit_gate.py)
-                loss = gate_loss(model, x, y, r, seeds[mine]) / run.grad_accum
-            else:
-                loss = run.ddp_model(x, y, num_steps, seeds=seeds[mine], depths=depths, depth_weight=w,
-                                     labeled_only=True)[1] / run.grad_accum
-        loss.backward()
-        loss_sum += loss.detach()
-    if run.ddp:
-        dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.trainable, args.grad_clip if args.grad_clip > 0 else float("inf"))
-    return dict(loss=loss_sum.item(), grad_norm=grad_norm.item(), r=r, mean_r=mean_r, lr_mult=lr_mult, w=w,
-                T_step=T_step)
-
-
-def apply_update(run, out, bad, args):
-    """The optimizer step, skipped for a NaN/inf step (grads are the same on every rank after the all-reduce);
-    then the collapse guard: a blown-up or dead model is never evaluated, saved or trained on."""
-    run.bad_in_row = run.bad_in_row + 1 if bad else 0
-    norm_before = guards.weight_norm(run.trainable) if not bad and not args.fsdp else None
-    for o in run.opts:
-        if not bad:
-            o.step()
-        o.zero_grad(set_to_none=True)
-    run.step += 1
-    if norm_before is not None:
-        guards.check_collapse(run.step, out["loss"], out["grad_norm"], norm_before, guards.weight_norm(run.trainable),
-                              args.collapse_factor, args.out_dir)
-
-
-def log_step(run, out, dt, bad, args):
-    """Count the step's tokens and FLOPs (row data cut to its labeled columns counts only those), print and log
-    its line, and after the first three steps say how long the rest will take. Returns the log record."""
-    per_token, total = run.model.flops_per_token(out["r"], args.backprop_depth), run.tokens_per_step
-    step_flops = per_token * total * out["T_step"] // run.T
-    run.tokens, run.flops = run.tokens + total, run.flops + step_flops
-    run.timed_s, run.timed_flops = run.timed_s + dt, run.timed_flops + per_token * total
-    rec = {"step": run.step, "loss": out["loss"], "r": out["r"], "mean_r": out["mean_r"], "tokens": run.tokens,
-           "flops": run.flops, "tokens_per_sec": total / dt, "lr_mult": out["lr_mult"], "grad_norm": out["grad_norm"],
-           "dt": dt, "elapsed": time.time() - run.t_start,
-           **({"step_weight": out["w"]} if args.step_supervision else {}),
-           **({"mfu": step_flops / dt / (args.peak_flops * run.world)} if args.peak_flops > 0 else {}),
-           **({"skipped": True} if bad else {})}
-    if run.master:
-        run_dir.report(run.log, run.bar, rec, args.log_interval, run.bad_in_row)
-        if run.step == run.start_step + 3 and run.step < args.max_iters:  # the first steps set the pace
-            mean_r = lambda s: schedule_at(s, args)["mean_recurrence"]
-            ahead = run_dir.time_ahead(run.model, args, run.step, total, run.timed_s / run.timed_flops, run.eval_s,
-                                       mean_r)
-            run.bar.write(run_dir.pace(ahead, args.max_iters - run.step, run.timed_s / 3, run.eval_s))
-    return rec
-
-
-def train(args):
-    if args.fsdp:
-        from plumbing import fsdp
-    ddp, rank, world, device = setup(args.device)  # torchrun's ranks or one process
-    precision, why = train_precision(device, args.autocast)  # bf16 where the device multiplies it natively
-    autocast = precision_context(device, precision)
-    run = SimpleNamespace(ddp=ddp, rank=rank, world=world, device=device, autocast=autocast, master=rank == 0)
-    if run.master:
-        print(f"precision: {precision} ({why})")
-    run_lock = run_dir.claim(args.out_dir, run.master)  # out_dir writable, and this process its only owner
-    # data first: its vocabulary sizes a scratch model, and its fingerprint must match the model's tokenizer
-    run.train_data, val_data = load_data(args)
-    meta, run.T = run.train_data["meta"], run.train_data["T"]
-    model, run.opts, split, tok_src, (step, run.flops, run.levels) = start(args, meta, device, run.master, precision)
-    # nanoGPT's wrap: the forward runs through DDP, which all-reduces the gradients in backward (a --fsdp model,
-    # sharded in start, reduce-scatters them itself)
-    run.model, run.wrap = model, ddp and not args.fsdp
-    run.ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if run.wrap else model
-    run.tokens_per_step, run.grad_accum = accumulation(args, run.T, world)
-    run.trainable = [p for p in model.parameters() if p.requires_grad]
-    info = run_dir.run_info(model, world, run.grad_accum, run.tokens_per_step, device, split, precision)
-    save = lambda s: (fsdp.save_checkpoint if args.fsdp else run_dir.save_checkpoint)(
-        model, run.opts, s, args, meta["fingerprint"], run.flops, run.levels, info, schedule_at(s, args))
-    saver = run.master or args.fsdp  # who evaluates and saves: the master, or under --fsdp every rank (its shard)
-    run.log = run_dir.start_log(args, step, info, tok_src) if run.master else None
-    run.bar = tqdm(total=args.max_iters, initial=step, disable=None if run.master else True, dynamic_ncols=True)
-    run.step, run.start_step, run.tokens, run.bad_in_row = step, step, step * run.tokens_per_step, 0
-    run.t_start = run.t_saved = time.time()  # the run's clock, and the checkpoint timer's
-    run.timed_s, run.timed_flops, run.eval_s = 0.0, 0.0, 0.0  # the pace so far
-    while True:
-        # evaluate and save; a resumed run's first step was evaluated (and logged) before its save
-        evaluating = (run.step % args.eval_interval == 0 or run.step == args.max_iters) and \
-            not (args.resume and run.step == run.start_step)
-        if evaluating and saver:
-            run.eval_s = evaluate(model, val_data, args, device, autocast, run.step, run.levels, run.log, run.bar)
-        if saver and should_save(run, at_eval=evaluating):
-            run.t_saved = save(run.step)
-        due = not evaluating and args.ckpt_minutes > 0 and time.time() - run.t_saved >= 60 * args.ckpt_minutes
-        due = fsdp.from_master(due) if args.fsdp else due  # every rank saves, on the master's clock
-        if run.step >= args.max_iters:
-            break
-        t0 = time.time()
-        out = train_step(run, args)
-        bad = not (math.isfinite(out["loss"]) and math.isfinite(out["grad_norm"]))
-        spike = guards.spiked(run.levels, out["loss"], bad, args.diverge_factor)  # never saved; a few in a row stop
-        if saver and should_save(run, at_eval=False, due=due, sound=not bad and not spike):
-            run.t_saved = save(run.step)  # the weights of this step before its update, their loss now seen
-        apply_update(run, out, bad, args)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        rec = log_step(run, out, time.time() - t0, bad, args)
-        guards.track(run.levels, rec, bad, spike, run.bad_in_row, args)  # stop on NaNs or a divergence
-    run.bar.close()
-    if run.master:  # loss.png and the last lines; the lock goes
-        run_dir.finish(run.log, run_lock, args.out_dir, run.start_step, run.step, time.time() - run.t_start)
-    if ddp:
-        dist.destroy_process_group()
 
 
 def main(argv=None):

@@ -45,8 +45,9 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
+from muon import ns_dtype, orthogonalize
 from plumbing import checkpoint, run_dir
 from plumbing.checkpoint import RunDirError
 
@@ -184,3 +185,53 @@ def load_train_state(ckpt_dir, step, opts, model):
     set_optimizer_state_dict(model, opts, osd)
     torch.set_rng_state(state["rng"])
     return state
+
+
+# -----------------------------------------------------------------------------
+# Muon on sharded matrices (muon.py): Newton-Schulz needs each matrix whole
+
+
+def orthogonalize_sharded(params, updates, group):
+    """orthogonalize() for DTensor parameters that FSDP2 shards by rows (Shard(0)) over a 1-D mesh; updates
+    are this rank's rows of each matrix. Matrix i is orthogonalized whole on rank i % world, in rounds of
+    `world` matrices (one each): its rows are gathered onto that rank, and the result's rows scattered
+    back. Each rank runs Newton-Schulz on 1/world of the matrices and receives about 2/world of their
+    bytes, where an all-gather of every matrix on every rank would receive all of them and compute all.
+    Returns this rank's rows of each orthogonalized update, in ns_dtype."""
+    mesh = params[0].device_mesh
+    if mesh.ndim != 1 or any(p.placements != (Shard(0),) for p in params):
+        raise ValueError("Muon takes DTensor parameters sharded by rows over one mesh dimension (FSDP2's default)")
+    pg = mesh.get_group()
+    world, rank = dist.get_world_size(pg), dist.get_rank(pg)
+    ortho = [None] * len(params)
+    for base in range(0, len(params), world):
+        owned = list(range(base, min(base + world, len(params))))  # matrix owned[j] goes to rank j
+        # FSDP2 splits rows as torch.chunk does: ceil(R / world) rows a rank, the last ranks fewer or none;
+        # zero rows pad each shard to that size, as gather and scatter need equal pieces
+        size = {i: -(-params[i].shape[0] // world) for i in owned}
+        pad = lambda t, n: torch.cat([t, t.new_zeros(n - t.shape[0], *t.shape[1:])]) if t.shape[0] < n else t
+        # 1. gather: rank j receives every rank's rows of matrix owned[j]
+        pieces, works = None, []
+        for j, i in enumerate(owned):
+            recv = [updates[i].new_empty(size[i], updates[i].shape[1]) for _ in range(world)] if j == rank else None
+            works.append(dist.gather(pad(updates[i], size[i]).contiguous(), recv, group=pg, group_dst=j,
+                                     async_op=True))
+            pieces = recv if j == rank else pieces
+        for w in works:
+            w.wait()
+        # 2. Newton-Schulz on the whole matrix this rank owns in the round
+        mine = None
+        if rank < len(owned):
+            i = owned[rank]
+            mine = orthogonalize([torch.cat(pieces)[:params[i].shape[0]]], group)[0]
+        # 3. scatter: rank j sends each rank its rows of the orthogonalized owned[j]
+        out, works = {}, []
+        for j, i in enumerate(owned):
+            out[i] = updates[i].new_empty(size[i], updates[i].shape[1], dtype=ns_dtype(group, updates[i].device))
+            send = list(pad(mine, size[i] * world).contiguous().chunk(world)) if j == rank else None
+            works.append(dist.scatter(out[i], send, group=pg, group_src=j, async_op=True))
+        for w in works:
+            w.wait()
+        for i in owned:
+            ortho[i] = out[i][:updates[i].shape[0]]
+    return ortho

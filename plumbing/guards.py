@@ -47,6 +47,12 @@ def check_eval(levels, val, step, factor, out_dir):
         levels["val"] = best if levels["val"] is None else min(levels["val"], best)
 
 
+def judge(levels, loss, grad_norm, factor):
+    """(bad, spike) of a step: bad, a NaN/inf loss or gradient (the step is skipped); spike (spiked)."""
+    bad = not (math.isfinite(loss) and math.isfinite(grad_norm))
+    return bad, spiked(levels, loss, bad, factor)
+
+
 def spiked(levels, loss, bad, factor):
     """A finite loss far above its running level, counted in levels["spikes"] (in a row). One alone is the
     r of the step: at r = 1 a model trained with per-loop supervision reads out after one loop, 1.24

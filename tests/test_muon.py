@@ -12,7 +12,7 @@ import copy as copy_module
 import pytest
 import torch
 
-from muon import NS_COEFFICIENTS, Muon, zeropower_via_newtonschulz
+from muon import NS_COEFFICIENTS, Muon, newton_schulz, zeropower_via_newtonschulz
 
 # square, wide and tall matrices, several of each shape, so the batched path stacks them
 SHAPES = [(64, 64), (64, 64), (32, 96), (32, 96), (32, 96), (96, 32), (96, 32), (48, 80)]
@@ -96,6 +96,22 @@ def test_batched_ns_equals_one_at_a_time():
         single = zeropower_via_newtonschulz(G[i:i + 1])[0]
         torch.testing.assert_close(batched[i], single, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(batched[i].double(), ns_float64(G[i]), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(32, 96), (48, 40), (64, 64)])  # wide (the reassociated fp32 path), near square
+def test_the_fast_iteration_is_the_textbook_one(shape):
+    """muon.py's first function, newton_schulz, is the iteration as written down; the stacked speed variant
+    computes the same in fp32 (both orientations: Muon transposes tall matrices before stacking them)."""
+    G = torch.randn(3, *shape, generator=torch.Generator().manual_seed(2))
+    for i in range(3):
+        textbook = newton_schulz(G[i].double())
+        torch.testing.assert_close(textbook, ns_float64(G[i]), rtol=0, atol=1e-12)
+        fast = zeropower_via_newtonschulz(G[i:i + 1] if shape[0] <= shape[1] else G[i:i + 1].mT)[0]
+        fast = fast if shape[0] <= shape[1] else fast.mT
+        torch.testing.assert_close(fast.double(), textbook, rtol=0, atol=2e-5)
+        bf16 = zeropower_via_newtonschulz(G[i:i + 1] if shape[0] <= shape[1] else G[i:i + 1].mT, dtype=torch.bfloat16)[0]
+        bf16 = bf16 if shape[0] <= shape[1] else bf16.mT
+        assert (bf16.double() - textbook).norm() / textbook.norm() < 0.05  # bf16's own rounding, ~1e-2
 
 
 def test_state_dict_round_trip_continues_identically():
