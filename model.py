@@ -510,11 +510,12 @@ class RecurrentGPT(nn.Module):
         counts["total"] = sum(p.numel() for p in self.parameters())
         return counts
 
-    def flops_per_token(self, r, backprop_depth=8):
-        """Training FLOPs per token, McLeish et al.: N1 = P + k R + C, N2 = n R, FLOPs = 6 N1 + 2 N2."""
+    def flops_per_token(self, r, grad_loops=8):
+        """Training FLOPs per token, McLeish et al.: N1 = P + k R + C, N2 = n R, FLOPs = 6 N1 + 2 N2, with k =
+        min(r, grad_loops) loops with gradient (forward and backward) and n the rest (forward only)."""
         pc = self.param_counts()
         r = r if self.config.recurrent else 1
-        n, k = max(r - backprop_depth, 0), min(r, backprop_depth)
+        n, k = max(r - grad_loops, 0), min(r, grad_loops)
         return 6 * (pc["prelude"] + k * pc["core"] + pc["coda"]) + 2 * n * pc["core"]
 
     def inference_flops_per_token(self, r):

@@ -143,7 +143,8 @@ class Muon(torch.optim.Optimizer):
             updates = [g.lerp(b, mu) for g, b in zip(grads, bufs)] if group["nesterov"] else bufs
             if sharded:  # only --fsdp imports plumbing/fsdp.py (torch.distributed.checkpoint: ~1.5 s a start)
                 from plumbing.fsdp import orthogonalize_sharded
-            ortho = orthogonalize_sharded(params, updates, group) if sharded else orthogonalize(updates, group)
+            ortho = (orthogonalize_sharded(params, updates, group, orthogonalize, ns_dtype) if sharded
+                     else orthogonalize(updates, group))
 
             lr, wd = group["lr"], group["weight_decay"]
             if wd != 0:
@@ -179,3 +180,45 @@ def orthogonalize(updates, group):
             for j, i in enumerate(idx):
                 ortho[i] = O[j].mT if tall else O[j]
     return ortho
+
+
+# -----------------------------------------------------------------------------
+# the recipe's split: which parameters Muon trains
+
+
+def make_optimizers(model, args, precision=None):
+    """The recipe's optimizers for train.py's flags (args): Muon on every 2-D matrix of the blocks and the
+    adapter; AdamW on embeddings, head, norms and biases (--optimizer adamw: AdamW on everything).
+    named_parameters() lists a tied head once. --freeze=base first leaves only the adapter (and with
+    --train_norms the norms) trainable, --exit_gate only the gate. Newton-Schulz runs in precision ("bf16",
+    "fp32"; None: Muon's own rule). Returns a list of optimizers and the split by name."""
+    if args.exit_gate:  # the gate-only stage: every weight of the model stays as it is
+        for n, p in model.named_parameters():
+            p.requires_grad = n.startswith("exit_gate.")
+    if args.freeze == "base":  # the adapter-only budget: the parent's weights stay as they are
+        for n, p in model.named_parameters():
+            p.requires_grad = n.startswith("adapter.") or (args.train_norms and p.ndim == 1 and "norm" in n)
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    is_matrix = lambda n, p: p.ndim == 2 and n.startswith(("prelude.", "core.", "coda.", "adapter."))
+    if args.optimizer == "adamw":
+        groups = {"muon": [], "adamw": params}
+    else:  # muon (check_args allows no other)
+        groups = {"muon": [(n, p) for n, p in params if is_matrix(n, p)],
+                  "adamw": [(n, p) for n, p in params if not is_matrix(n, p)]}
+    seen = [id(p) for _, ps in groups.items() for _, p in ps]
+    assert sorted(seen) == sorted(id(p) for _, p in params) and len(set(seen)) == len(seen), \
+        "optimizer split must cover every trainable parameter exactly once"
+    opts = []
+    if groups["muon"]:
+        opts.append(Muon([p for _, p in groups["muon"]], lr=args.learning_rate, weight_decay=args.weight_decay,
+                         momentum=args.muon_momentum, adjust_lr_fn=args.muon_adjust_lr,
+                         ns_dtype={"bf16": torch.bfloat16, "fp32": torch.float32}.get(precision)))
+    if groups["adamw"]:
+        # fused: one kernel for the whole update instead of a loop over tensors (SmolLM2's 28M-entry embedding
+        # dominates it on CPU), the same math within fp32 rounding; FSDP2's DTensor shards keep the default
+        opts.append(torch.optim.AdamW([p for _, p in groups["adamw"]], lr=args.adam_lr, betas=(args.beta1, args.beta2),
+                                      weight_decay=args.weight_decay, fused=not args.fsdp))
+    for opt in opts:
+        for g in opt.param_groups:
+            g["peak_lr"] = g["lr"]
+    return opts, {k: [n for n, _ in v] for k, v in groups.items()}

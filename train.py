@@ -40,13 +40,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from plumbing import checkpoint, guards, run_dir
-from plumbing.batches import batch_rows, get_batch, labeled_length, open_data, state_seeds
+from plumbing.batches import accumulation, batch_rows, get_batch, labeled_length, open_splits, state_seeds
 from plumbing.cli import at_least, config_defaults, flag_parser, int_list
-from plumbing.device import AUTOCAST, compile_blocks, precision_context, setup, train_precision
+from plumbing.device import compile_blocks, precision_context, setup, train_precision
+from plumbing.run_flags import SYSTEM_FLAGS, SYSTEM_MAY_CHANGE
 from plumbing.upload import check_push, push_to_hub
 from model import IGNORE_INDEX, RecurrentConfig, RecurrentGPT
 from exit_gate import add_exit_gate, gate_loss
-from muon import Muon
+from muon import make_optimizers
 
 # -----------------------------------------------------------------------------
 # defaults: the offline CPU run. Every key can be set by --config FILE (JSON) or --key=value / --key value.
@@ -67,9 +68,11 @@ RECIPE_FLAGS = dict(
     n_kv_head=(0, "--init=scratch: key/value heads (0: n_head)"),
     intermediate_size=(0, "--init=scratch: MLP width (0: 4 n_embd)"),
     # the recipe: recurrence
-    mean_recurrence=(4, "rbar: each step draws r = Poisson(exp(tau)) + 1, E[exp(tau)] = rbar"),
+    mean_recurrence=(4, "rbar: each step draws r = Poisson(exp(tau)) + 1, E[exp(tau)] = rbar (E[r] = rbar + 1); "
+                        "saved as the model's default r at inference (config.json mean_recurrence)"),
     recurrence_sigma=(0.5, "std of tau, tau ~ N(log rbar - sigma^2/2, sigma)"),
-    backprop_depth=(8, "k: only the last k loops keep activations (truncated backprop through depth)"),
+    backprop_depth=(8, "the grad loops k: only the last k loops of r keep activations (truncated backprop); "
+                       "saved under its older name backprop_depth"),
     curriculum=("constant", "rbar over the first --curriculum_frac of max_iters: constant | linear | 1-sqrt",
                 ("constant", "linear", "1-sqrt")),
     curriculum_frac=(0.25, "fraction of max_iters that the curriculum takes to reach --mean_recurrence"),
@@ -104,42 +107,25 @@ RUN_FLAGS = dict(
     batch_size=(4, "micro-batch rows per rank"),
     block_size=(256, "tokens per row (row data uses its seq_len)"),
     total_batch_tokens=(0, "tokens per optimizer step over all ranks (gradient accumulation); 0 = one micro-batch"),
-    # evaluation, logging, system
+    # evaluation, logging (the run's machinery, plumbing/run_flags.py, below them in --help)
     eval_interval=(50, "evaluate (and save) every N steps, and at the end"),
     eval_iters=(2, "validation batches per r"),
     eval_r=("1,4,8,32", "loop counts to evaluate (an r=32 eval costs 13x a parent forward on CPU)"),
     log_interval=(1, "print a line every N steps"),
-    ckpt_minutes=(5.0, "also save between evals once this many minutes passed since the last save; 0 = at evals only"),
-    device=("auto", "auto (cuda when available) | cpu | cuda | cuda:N"),
-    compile=(False, "torch.compile the blocks, CPU or CUDA (plumbing/device.py compile_blocks); off by default"),
-    fsdp=(False, "under torchrun: shard weights, gradients and optimizer states over the ranks (FSDP2, "
-                 "plumbing/fsdp.py) instead of DDP's full copy on each; for parents DDP cannot hold"),
-    autocast=("auto", "bf16 autocast, fp32 weights: auto (on CUDA and a CPU with native bf16, plumbing/device.py) | "
-                      "bf16 (any CPU too) | off (fp32)", AUTOCAST),
     seed=(1337, "seeds the data order, r and s_0 draws, and a scratch model's init"),
     resume=(False, "continue the run in --out_dir exactly where it stopped, with its flags: only max_iters, eval_*, "
                    "log_interval, ckpt_minutes, device, compile, max_bad_steps, diverge_*, peak_flops and autocast "
                    "(keeping the run's precision) may differ"),
-    max_bad_steps=(5, "stop after this many NaN/inf steps in a row (each is skipped)"),
-    diverge_factor=(4.0, "a train loss over this times its running level and 1 nat above it is a spike (never "
-                         "saved); 0 = off"),
-    diverge_steps=(3, "stop after this many spikes in a row (one alone is the sampled r: an r=1 step reads out early)"),
-    collapse_factor=(10.0, "stop at once when an update multiplies the weights' norm by this much, or a finite loss "
-                           "comes with an all-zero gradient (0 = neither; plumbing/guards.py)"),
-    peak_flops=(0.0, "FLOP/s of one device, for MFU (e.g. 989e12 for an H100 in bf16); 0 = no MFU"),
-    push_to_hub=("", "namespace/name: at the end, upload out_dir (weights, config, tokenizer, model card) there"),
-    private=(False, "with --push_to_hub: create the repo private"),
 )
-FLAGS = {**RECIPE_FLAGS, **RUN_FLAGS}
+FLAGS = {**RECIPE_FLAGS, **RUN_FLAGS, **SYSTEM_FLAGS}
+FLAG_NAMES = {"backprop_depth": "grad_loops"}  # the command-line name of a flag saved under an older key
 DEFAULTS = {key: default for key, (default, *_) in FLAGS.items()}
 CHOICES = {key: entry[2] for key, entry in FLAGS.items() if len(entry) > 2}
 # --resume continues the run as it was: every key must equal the run's saved value (config.json, "train"),
 # except these, which change neither the model nor the optimizer (max_iters does move the decay and the
 # curriculum that are fractions of it: that is how a run is extended)
 RESUME_MAY_CHANGE = ("config", "resume", "out_dir", "max_iters", "eval_interval", "eval_iters", "eval_r",
-                     "log_interval", "ckpt_minutes", "device", "compile", "max_bad_steps", "diverge_factor",
-                     "collapse_factor", "diverge_steps", "peak_flops", "push_to_hub", "private",
-                     "autocast")  # the precision it resolves to must stay the run's (run_dir.check_resume)
+                     "log_interval", *SYSTEM_MAY_CHANGE)
 
 
 class TrainError(Exception):
@@ -149,9 +135,10 @@ class TrainError(Exception):
 def parse_args(argv=None):
     """DEFAULTS <- --config FILE <- command line. Unknown keys anywhere are an error; flag values are
     checked here (check_args), before any data or model loads."""
-    parser = flag_parser(__doc__.split("\n\n")[0], {"the recipe": RECIPE_FLAGS, "the run": RUN_FLAGS})
+    parser = flag_parser(__doc__.split("\n\n")[0], {"the recipe": RECIPE_FLAGS, "the run": RUN_FLAGS,
+                                                   "the run's machinery": SYSTEM_FLAGS}, FLAG_NAMES)
     try:
-        config_defaults(parser, argv, DEFAULTS)
+        config_defaults(parser, argv, DEFAULTS, FLAG_NAMES)
     except ValueError as err:
         raise TrainError(str(err)) from None
     return check_args(parser.parse_args(argv))
@@ -194,7 +181,7 @@ def check_args(args):
 
 def sample_num_steps(step, mean_r, sigma=0.5, seed=0):
     """r = Poisson(exp(tau)) + 1, tau ~ N(log(mean_r) - sigma^2/2, sigma): E[exp(tau)] = mean_r, so
-    E[r] = mean_r + 1. Drawn from a generator seeded by the step alone, so all ranks (and a resumed
+    E[r] = mean_r + 1. Drawn from a generator seeded by (seed, step) alone, so all ranks (and a resumed
     run) draw the same r."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     tau = torch.normal(math.log(mean_r) - sigma**2 / 2, sigma, (1,), generator=g)
@@ -251,7 +238,7 @@ def depth_weight_at(step, args):
 
 @torch.no_grad()
 def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, autocast, gate=False):
-    """Validation loss (and, for labeled data, accuracy overall and per task depth k) at each r, on
+    """Validation loss (and, for labeled data, accuracy overall and per task depth) at each r, on
     the same fixed batches every time; the global RNG is forked so evaluating never changes training.
     gate (--exit_gate): the exit gate's loss on the trajectory of r loops instead (exit_gate.py)."""
     model.eval()
@@ -271,16 +258,16 @@ def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, a
                 if data["targets"] is not None and logits is not None:  # labels: accuracy, by depth when known
                     hit = (logits.argmax(-1) == y) & (y != IGNORE_INDEX)
                     group = depths if depths is not None else (y != IGNORE_INDEX).long()
-                    for kk in group[y != IGNORE_INDEX].unique().tolist():
-                        sel = (group == kk) & (y != IGNORE_INDEX)
-                        correct[kk] = correct.get(kk, 0) + hit[sel].sum().item()
-                        total[kk] = total.get(kk, 0) + sel.sum().item()
+                    for depth in group[y != IGNORE_INDEX].unique().tolist():
+                        sel = (group == depth) & (y != IGNORE_INDEX)
+                        correct[depth] = correct.get(depth, 0) + hit[sel].sum().item()
+                        total[depth] = total.get(depth, 0) + sel.sum().item()
                 bar.update(1)
             res = {"loss": sum(losses) / len(losses)}
             if total:
                 res["acc"] = sum(correct.values()) / sum(total.values())
                 if depths is not None:
-                    res["acc_by_k"] = {str(kk): correct[kk] / total[kk] for kk in sorted(total)}
+                    res["acc_by_k"] = {str(d): correct[d] / total[d] for d in sorted(total)}  # key: by task depth
             out[str(r)] = res
     bar.close()
     model.train()
@@ -293,45 +280,39 @@ def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, a
 
 @dataclass
 class Run:
-    """What the loop reads and changes, built once by start_run.
+    """What the training loop reads and changes; start_run builds it once."""
 
-    Fixed for the run: where it runs (device; rank and world of torchrun, ddp under it; the bf16 autocast
-    context or a null one), what it trains (model; ddp_model, the module the forward runs through: DDP's wrap
-    of the model, or the model; opts, the optimizers; trainable, their parameters), what it reads (train_data,
-    val_data from plumbing/batches.py; T, the tokens of a row; tokens_per_step over all ranks; grad_accum, the
-    micro-batches of each rank a step) and where it writes (save(step), which writes a checkpoint and returns its
-    time; log, the master's log.jsonl, and bar, its progress bar).
-    Moving: step (the optimizer step about to run), start_step (where this process started), tokens and flops
-    so far, levels (the guards' running loss levels), bad_in_row (NaN/inf steps in a row), t_start and t_saved
-    (the run's clock and the last save's), and the pace so far (seconds and FLOPs timed, the last eval's seconds)."""
-
+    # where it runs
     device: torch.device
-    rank: int
+    rank: int  # torchrun's rank (0: the master, which logs and saves) among world processes
     world: int
-    ddp: bool
-    autocast: object
+    ddp: bool  # under torchrun
+    autocast: object  # bf16 autocast with fp32 weights, or a null context (plumbing/device.py)
+    # what it trains and on what
     model: RecurrentGPT
-    ddp_model: torch.nn.Module
-    opts: list
-    trainable: list
-    train_data: dict
-    val_data: dict
-    T: int
-    tokens_per_step: int
-    grad_accum: int
-    save: object
-    log: object
-    bar: object
-    lock: object
-    step: int
-    start_step: int
+    ddp_model: torch.nn.Module  # what the forward runs through: DDP's wrap of the model, or the model
+    opts: list  # Muon and AdamW (muon.make_optimizers)
+    trainable: list  # their parameters
+    train_data: dict  # plumbing/batches.py open_splits
+    val_data: dict  # the dev split
+    T: int  # tokens a row
+    tokens_per_step: int  # over all ranks and micro-batches
+    grad_accum: int  # micro-batches of each rank a step
+    # where it writes
+    save: object  # save(step): a complete checkpoint (plumbing/checkpoint.py), returns its time
+    log: object  # the master's log.jsonl (None on the other ranks)
+    bar: object  # the progress bar
+    lock: object  # out_dir's lock, held until the end
+    # what moves
+    step: int  # the optimizer step about to run
+    start_step: int  # where this process started (a --resume's step, else 0)
     tokens: int
-    flops: float
-    levels: dict
-    bad_in_row: int = 0
-    t_start: float = field(default_factory=time.time)
-    t_saved: float = field(default_factory=time.time)
-    timed_s: float = 0.0
+    flops: float  # train.py's FLOP count so far (model.flops_per_token)
+    levels: dict  # the guards' running levels (plumbing/guards.py)
+    bad_in_row: int = 0  # NaN/inf steps in a row (each skipped)
+    t_start: float = field(default_factory=time.time)  # the run's clock
+    t_saved: float = field(default_factory=time.time)  # the last save's time
+    timed_s: float = 0.0  # the pace so far: seconds and FLOPs of the timed steps, the last eval's seconds
     timed_flops: float = 0.0
     eval_s: float = 0.0
 
@@ -492,14 +473,17 @@ def start_run(args):
         print(f"precision: {precision} ({why})")
     lock = run_dir.claim(args.out_dir, rank == 0)  # out_dir writable, and this process its only owner
     # data first: its vocabulary sizes a scratch model, and its fingerprint must match the model's tokenizer
-    train_data, val_data = load_data(args)
+    try:  # the train and dev splits (plumbing/batches.py); per-loop supervision needs the labels' depths
+        train_data, val_data = open_splits(args.data, args.block_size, per_loop=args.step_supervision)
+        tokens_per_step, grad_accum = accumulation(args.batch_size, train_data["T"], world, args.total_batch_tokens)
+    except (FileNotFoundError, ValueError) as err:  # not prepared, truncated or mismatched files: the message says which
+        raise TrainError(str(err)) from None
     meta, T = train_data["meta"], train_data["T"]
     model, opts, split, tok_src, (step, flops, levels) = start(args, meta, device, rank == 0, precision)
     # nanoGPT's wrap: the forward runs through DDP, which all-reduces the gradients in backward (a --fsdp model,
     # sharded in start, reduce-scatters them itself)
     wrap = ddp and not args.fsdp
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if wrap else model
-    tokens_per_step, grad_accum = accumulation(args, T, world)
     info = run_dir.run_info(model, world, grad_accum, tokens_per_step, device, split, precision)
     if args.fsdp:
         from plumbing import fsdp
@@ -543,62 +527,13 @@ def build_model(args, meta, ckpt_dir=None):
         raise TrainError(str(err)) from None
     if meta["vocab_size"] > model.config.vocab_size:
         raise TrainError(f"data vocab_size {meta['vocab_size']} > model vocab_size {model.config.vocab_size}")
+    if args.freeze == "base" and not model.config.recurrent:
+        raise TrainError("--freeze=base trains only the adapter, which a --static model does not have")
     if args.exit_gate and not model.config.recurrent:
         raise TrainError(f"--exit_gate needs a recurrent model: {args.init} runs its layers once")
     if args.exit_gate and not model.config.exit_gate:  # a new gate (p = 0.5), saved under exit_gate.*
         add_exit_gate(model)
     return model, tok_src
-
-
-def make_optimizers(model, args, precision=None):
-    """Muon on every 2-D matrix of the blocks and the adapter; AdamW on embeddings, head, norms and
-    biases. named_parameters() lists a tied head once. --freeze=base first leaves only the adapter (and
-    with --train_norms the norms) trainable, --exit_gate only the gate. Newton-Schulz runs in precision ("bf16",
-    "fp32"; None: Muon's own rule). Returns a list of optimizers and the split by name."""
-    if args.exit_gate:  # the gate-only stage: every weight of the model stays as it is
-        for n, p in model.named_parameters():
-            p.requires_grad = n.startswith("exit_gate.")
-    if args.freeze == "base":  # the adapter-only budget: the parent's weights stay as they are
-        if not model.config.recurrent:
-            raise TrainError("--freeze=base trains only the adapter, which a --static model does not have")
-        for n, p in model.named_parameters():
-            p.requires_grad = n.startswith("adapter.") or (args.train_norms and p.ndim == 1 and "norm" in n)
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    is_matrix = lambda n, p: p.ndim == 2 and n.startswith(("prelude.", "core.", "coda.", "adapter."))
-    if args.optimizer == "adamw":
-        groups = {"muon": [], "adamw": params}
-    else:  # muon (check_args allows no other)
-        groups = {"muon": [(n, p) for n, p in params if is_matrix(n, p)],
-                  "adamw": [(n, p) for n, p in params if not is_matrix(n, p)]}
-    seen = [id(p) for _, ps in groups.items() for _, p in ps]
-    assert sorted(seen) == sorted(id(p) for _, p in params) and len(set(seen)) == len(seen), \
-        "optimizer split must cover every trainable parameter exactly once"
-    opts = []
-    if groups["muon"]:
-        opts.append(Muon([p for _, p in groups["muon"]], lr=args.learning_rate, weight_decay=args.weight_decay,
-                         momentum=args.muon_momentum, adjust_lr_fn=args.muon_adjust_lr,
-                         ns_dtype={"bf16": torch.bfloat16, "fp32": torch.float32}.get(precision)))
-    if groups["adamw"]:
-        # fused: one kernel for the update, 6x faster on CPU than the default (0.03 s vs 0.17 s a step for SmolLM2's
-        # 28M embedding on 2 cores), same math within fp32 rounding; FSDP2's DTensor shards keep the default
-        opts.append(torch.optim.AdamW([p for _, p in groups["adamw"]], lr=args.adam_lr, betas=(args.beta1, args.beta2),
-                                      weight_decay=args.weight_decay, fused=not args.fsdp))
-    for opt in opts:
-        for g in opt.param_groups:
-            g["peak_lr"] = g["lr"]
-    return opts, {k: [n for n, _ in v] for k, v in groups.items()}
-
-
-def load_data(args):
-    """The train and val splits (plumbing/batches.py); per-loop supervision needs the labels' depths."""
-    try:
-        train_data = open_data(args.data, "train", args.block_size)
-        val_data = open_data(args.data, "val", args.block_size)
-    except (FileNotFoundError, ValueError) as err:  # not prepared, truncated or mismatched files: the message says which
-        raise TrainError(str(err)) from None
-    if args.step_supervision and train_data["depths"] is None:
-        raise TrainError(f"--step_supervision needs per-step labels ({args.data}/train_step.bin), e.g. data/depth")
-    return train_data, val_data
 
 
 def start(args, meta, device, master, precision):
@@ -625,15 +560,6 @@ def start(args, meta, device, master, precision):
         compile_blocks(model)
     levels = state.get("levels") or guards.new_levels()
     return model, opts, split, tok_src, (state.get("step", 0), state.get("flops", 0.0), levels)
-
-
-def accumulation(args, T, world):
-    """Tokens per optimizer step over all ranks, and the micro-batches each rank runs for it."""
-    micro_tokens = args.batch_size * T
-    total = args.total_batch_tokens or micro_tokens * world
-    if total % (micro_tokens * world):
-        raise TrainError(f"--total_batch_tokens {total} is not a multiple of batch_size*T*world = {micro_tokens * world}")
-    return total, total // (micro_tokens * world)
 
 
 def main(argv=None):

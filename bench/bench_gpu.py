@@ -146,7 +146,7 @@ def _train_arm(args, device, n, k, B, compiled):
     fb, op = min(t_fb), min(t_opt)
     r = n + k
     tokens = B * T
-    paper = model.flops_per_token(r, backprop_depth=k) * tokens  # 6 N1 + 2 N2, as train.py logs for MFU
+    paper = model.flops_per_token(r, grad_loops=k) * tokens  # 6 N1 + 2 N2, as train.py logs for MFU
     full = matmul_flops_per_token(model, r, k, T) * tokens  # + the tied head and attention's own matmuls
     dtypes = sorted({str(p.dtype) for p in model.parameters()})
     res = {"r": f"({n},{k})" if n else str(k), "compiled": compiled, "batch": B, "seq": T, "tokens_per_step": tokens,

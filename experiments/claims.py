@@ -80,7 +80,7 @@ def arms(p, smoke=False):
     static = ["--r", "1"]  # no loop: one evaluation
     text = ["--data", str(p["sotu"]), "--shape", "2,2,2", "--max_iters", str(STEPS["text"]), "--warmup_iters", "3",
             "--batch_size", "4", "--block_size", "128", "--learning_rate", "1e-3", "--adam_lr", "3e-4",
-            "--mean_recurrence", "4", "--backprop_depth", "4", "--eval_interval", str(STEPS["text"]), "--eval_iters", "4",
+            "--mean_recurrence", "4", "--grad_loops", "4", "--eval_interval", str(STEPS["text"]), "--eval_iters", "4",
             "--eval_r", "4", "--log_interval", "5"]
     a = {
         "parent": (["--config", "config/cpu_depth.json", "--data", str(p["parent_data"]), "--static", "--shape",

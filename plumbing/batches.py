@@ -38,6 +38,25 @@ def open_data(data_dir, split, block_size):
     return dict(meta=meta, ids=ids, targets=None, depths=None, T=block_size, n=n)
 
 
+def open_splits(data_dir, block_size, per_loop=False):
+    """The train and dev splits train.py reads (open_data); per_loop (--step_supervision): the labels' task
+    depths must be there (DIR/train_step.bin)."""
+    train, dev = open_data(data_dir, "train", block_size), open_data(data_dir, "dev", block_size)
+    if per_loop and train["depths"] is None:
+        raise ValueError(f"--step_supervision needs per-step labels ({data_dir}/train_step.bin), e.g. data/depth")
+    return train, dev
+
+
+def accumulation(batch_size, T, world, total_batch_tokens=0):
+    """Tokens per optimizer step over all ranks (total_batch_tokens, 0: one micro-batch a rank), and the
+    micro-batches each rank runs for it (gradient accumulation)."""
+    micro_tokens = batch_size * T
+    total = total_batch_tokens or micro_tokens * world
+    if total % (micro_tokens * world):
+        raise ValueError(f"--total_batch_tokens {total} is not a multiple of batch_size*T*world = {micro_tokens * world}")
+    return total, total // (micro_tokens * world)
+
+
 def batch_rows(step, global_rows, n, seed, split="train"):
     """The global batch of an optimizer step: row (or window) indices from a generator seeded by
     (seed, split, step), so the data position is a function of the step (exact resume, same batch

@@ -55,27 +55,31 @@ def str2bool(text):
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def flag_parser(description, groups):
+def flag_parser(description, groups, names=None):
     """argparse from flag tables {group title: {key: (default, help[, allowed values])}}, the groups in --help in
     this order (train.py). A bool flag takes --key, --key=true or --key false; the allowed values show as argparse
-    shows choices, but the script checks them itself, from the command line and a --config file alike."""
+    shows choices, but the script checks them itself, from the command line and a --config file alike.
+    names {key: name}: a flag's name on the command line where it differs from the key it is saved under (the key
+    stays a second name of the flag, and a --config file may use either)."""
     parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
+    names = names or {}
     for title, flags in groups.items():
         group = parser.add_argument_group(title)
         for key, (value, text, *choices) in flags.items():
             text = text.replace("%", "%%") + " (default: %(default)r)"  # argparse %-formats help texts
+            flag = [f"--{names[key]}", f"--{key}"] if key in names else [f"--{key}"]
             if isinstance(value, bool):
-                group.add_argument(f"--{key}", type=str2bool, nargs="?", const=True, default=value, help=text)
+                group.add_argument(*flag, dest=key, type=str2bool, nargs="?", const=True, default=value, help=text)
             else:
-                metavar = "{" + ",".join(map(repr, choices[0])) + "}" if choices else None
-                group.add_argument(f"--{key}", type=type(value), default=value, help=text, metavar=metavar)
+                metavar = "{" + ",".join(map(repr, choices[0])) + "}" if choices else names.get(key, key).upper()
+                group.add_argument(*flag, dest=key, type=type(value), default=value, help=text, metavar=metavar)
     return parser
 
 
-def config_defaults(parser, argv, known):
+def config_defaults(parser, argv, known, names=None):
     """Make --config FILE's keys (a JSON object; keys that start with "_" are its comments) the parser's defaults,
-    so that the command line still overrides them. An unknown key is a parser error, a file that cannot be read a
-    ValueError that names it."""
+    so that the command line still overrides them. names: flag_parser's, a flag's command-line name, which a file
+    may use for its key. An unknown key is a parser error, a file that cannot be read a ValueError that names it."""
     first, _ = parser.parse_known_args(argv)
     if not first.config:
         return
@@ -83,7 +87,8 @@ def config_defaults(parser, argv, known):
         cfg = read_json(first.config)
     except (OSError, ValueError) as err:
         raise ValueError(f"--config {first.config}: {getattr(err, 'strerror', None) or err}") from None
-    cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}  # "_comment", "_phase2": documentation
+    key_of = {name: key for key, name in (names or {}).items()}
+    cfg = {key_of.get(k, k): v for k, v in cfg.items() if not k.startswith("_")}  # "_comment": documentation
     unknown = sorted(set(cfg) - set(known))
     if unknown:
         parser.error(f"{first.config}: unknown keys {unknown}")

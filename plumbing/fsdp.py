@@ -47,7 +47,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from muon import ns_dtype, orthogonalize
 from plumbing import checkpoint, run_dir
 from plumbing.checkpoint import RunDirError
 
@@ -191,11 +190,11 @@ def load_train_state(ckpt_dir, step, opts, model):
 # Muon on sharded matrices (muon.py): Newton-Schulz needs each matrix whole
 
 
-def orthogonalize_sharded(params, updates, group):
-    """orthogonalize() for DTensor parameters that FSDP2 shards by rows (Shard(0)) over a 1-D mesh; updates
-    are this rank's rows of each matrix. Matrix i is orthogonalized whole on rank i % world, in rounds of
-    `world` matrices (one each): its rows are gathered onto that rank, and the result's rows scattered
-    back. Each rank runs Newton-Schulz on 1/world of the matrices and receives about 2/world of their
+def orthogonalize_sharded(params, updates, group, orthogonalize, ns_dtype):
+    """muon.orthogonalize() (passed in with muon.ns_dtype, as muon.py imports this file) for DTensor parameters
+    that FSDP2 shards by rows (Shard(0)) over a 1-D mesh; updates are this rank's rows of each matrix. Matrix i
+    is orthogonalized whole on rank i % world, in rounds of `world` matrices (one each): its rows are gathered
+    onto that rank, and the result's rows scattered back. Each rank runs Newton-Schulz on 1/world of the matrices and receives about 2/world of their
     bytes, where an all-gather of every matrix on every rank would receive all of them and compute all.
     Returns this rank's rows of each orthogonalized update, in ns_dtype."""
     mesh = params[0].device_mesh

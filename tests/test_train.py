@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from plumbing import batches, checkpoint, guards
+import muon
 import train
 from model import RecurrentConfig, RecurrentGPT
 
@@ -115,7 +116,7 @@ def test_param_split_covers_every_parameter_once(tie):
     assert any(n.endswith("q_proj.bias") for n in adam_names) and any("q_norm" in n for n in adam_names)
     n_opt = sum(len(g["params"]) for o in opts for g in o.param_groups)
     assert n_opt == len(list(model.parameters()))  # a tied head counts once
-    assert isinstance(opts[0], train.Muon) and isinstance(opts[1], torch.optim.AdamW)
+    assert isinstance(opts[0], muon.Muon) and isinstance(opts[1], torch.optim.AdamW)
     opts, split = train.make_optimizers(model, train.parse_args(["--optimizer", "adamw"]))
     assert split["muon"] == [] and len(opts) == 1
 
