@@ -487,7 +487,8 @@ class RecurrentGPT(nn.Module):
         logits = self.readout(s, rope, positions=at)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), flat_labels(targets, at), ignore_index=IGNORE_INDEX)
+            labels = flat_labels(targets, at)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels, ignore_index=IGNORE_INDEX)
             loss = per_loop.loss(loss)
         if return_states or return_loop_logits:
             return Trajectory(logits, loss, states, per_loop.logits + [logits] if return_loop_logits else None)

@@ -41,10 +41,10 @@ from tqdm import tqdm
 
 from plumbing import checkpoint, guards, run_dir
 from plumbing.batches import accumulation, batch_rows, get_batch, labeled_length, open_splits, state_seeds
-from plumbing.cli import at_least, config_defaults, flag_parser, int_list
+from plumbing.cli import config_defaults, flag_parser, int_list
 from plumbing.device import compile_blocks, precision_context, setup, train_precision
-from plumbing.run_flags import SYSTEM_FLAGS, SYSTEM_MAY_CHANGE
-from plumbing.upload import check_push, push_to_hub
+from plumbing.run_flags import SYSTEM_FLAGS, SYSTEM_MAY_CHANGE, check_flags
+from plumbing.upload import push_to_hub
 from model import IGNORE_INDEX, RecurrentConfig, RecurrentGPT
 from exit_gate import add_exit_gate, gate_loss
 from muon import make_optimizers
@@ -134,45 +134,18 @@ class TrainError(Exception):
 
 def parse_args(argv=None):
     """DEFAULTS <- --config FILE <- command line. Unknown keys anywhere are an error; flag values are
-    checked here (check_args), before any data or model loads."""
+    checked here (plumbing/run_flags.py check_flags), before any data or model loads."""
     parser = flag_parser(__doc__.split("\n\n")[0], {"the recipe": RECIPE_FLAGS, "the run": RUN_FLAGS,
                                                    "the run's machinery": SYSTEM_FLAGS}, FLAG_NAMES)
     try:
         config_defaults(parser, argv, DEFAULTS, FLAG_NAMES)
     except ValueError as err:
         raise TrainError(str(err)) from None
-    return check_args(parser.parse_args(argv))
-
-
-def check_args(args):
-    """One-line TrainErrors for flag values that are wrong whatever the data and the model."""
+    args = parser.parse_args(argv)
     try:
-        int_list(args.shape, "--shape", n=3)
-        int_list(args.eval_r, "--eval_r")
-        at_least(args, 1, "eval_interval", "eval_iters", "batch_size", "block_size", "max_bad_steps", "diverge_steps",
-                 "log_interval", "mean_recurrence", "backprop_depth")
-        at_least(args, 0, "max_iters", "warmup_iters", "total_batch_tokens", "recurrence_sigma", "grad_clip")
-        if args.fsdp:  # plumbing/fsdp.py only where --fsdp asks for it: its torch.distributed.checkpoint and DTensor
-            from plumbing import fsdp  # imports cost every start ~1.5 s (start() and train() import it the same way)
-
-            fsdp.check_flags(args)  # --fsdp needs torchrun
+        return check_flags(args, CHOICES)
     except ValueError as err:
         raise TrainError(str(err)) from None
-    for key, allowed in CHOICES.items():
-        if getattr(args, key) not in allowed:
-            raise TrainError(f"--{key} must be one of {', '.join(map(repr, allowed))}, not {getattr(args, key)!r}")
-    if args.exit_gate and (args.init == "scratch" or args.static or args.fsdp or
-                           int(os.environ.get("WORLD_SIZE", 1)) > 1):
-        raise TrainError("--exit_gate trains a gate on a trained recurrent model, in one process: pass --init with "
-                         "its checkpoint directory, without --static, --fsdp or torchrun")
-    if args.init == "scratch" and args.n_embd % args.n_head:
-        raise TrainError(f"--n_embd {args.n_embd} is not a multiple of --n_head {args.n_head}")
-    if args.push_to_hub:  # a bad repo id, offline or no login: said now, not after the run
-        try:
-            check_push(args.push_to_hub, args.out_dir)
-        except ValueError as err:
-            raise TrainError(str(err)) from None
-    return args
 
 
 # -----------------------------------------------------------------------------
@@ -353,8 +326,8 @@ def train(args):
 
 
 def train_step(run, args, r, num_steps):
-    """Forward and backward of one optimizer step of r loops, num_steps = (no-grad loops, grad loops): the lr schedule,
-    gradient accumulation over the micro-batches, clipping. The update itself waits for the guards
+    """Forward and backward of one optimizer step of r loops, num_steps = (no-grad loops, grad loops): the lr
+    schedule, gradient accumulation over the micro-batches, clipping. The update itself waits for the guards
     (apply_update). Returns what they and the log need."""
     step, model = run.step, run.model
     sched, w = schedule_at(step, args), depth_weight_at(step, args)
@@ -418,10 +391,7 @@ def log_step(run, out, dt, bad, args):
     if run.master:
         run_dir.report(run.log, run.bar, rec, args.log_interval, run.bad_in_row)
         if run.step == run.start_step + 3 and run.step < args.max_iters:  # the first steps set the pace
-            mean_r = lambda s: schedule_at(s, args)["mean_recurrence"]
-            ahead = run_dir.time_ahead(run.model, args, run.step, total, run.timed_s / run.timed_flops, run.eval_s,
-                                       mean_r)
-            run.bar.write(run_dir.pace(ahead, args.max_iters - run.step, run.timed_s / 3, run.eval_s))
+            run.bar.write(run_dir.pace(run, args, lambda s: schedule_at(s, args)["mean_recurrence"]))
     return rec
 
 
@@ -476,7 +446,7 @@ def start_run(args):
     try:  # the train and dev splits (plumbing/batches.py); per-loop supervision needs the labels' depths
         train_data, val_data = open_splits(args.data, args.block_size, per_loop=args.step_supervision)
         tokens_per_step, grad_accum = accumulation(args.batch_size, train_data["T"], world, args.total_batch_tokens)
-    except (FileNotFoundError, ValueError) as err:  # not prepared, truncated or mismatched files: the message says which
+    except (FileNotFoundError, ValueError) as err:  # not prepared, truncated, mismatched: the message says which
         raise TrainError(str(err)) from None
     meta, T = train_data["meta"], train_data["T"]
     model, opts, split, tok_src, (step, flops, levels) = start(args, meta, device, rank == 0, precision)

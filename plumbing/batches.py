@@ -53,7 +53,8 @@ def accumulation(batch_size, T, world, total_batch_tokens=0):
     micro_tokens = batch_size * T
     total = total_batch_tokens or micro_tokens * world
     if total % (micro_tokens * world):
-        raise ValueError(f"--total_batch_tokens {total} is not a multiple of batch_size*T*world = {micro_tokens * world}")
+        raise ValueError(f"--total_batch_tokens {total} is not a multiple of batch_size*T*world = "
+                         f"{micro_tokens * world}")
     return total, total // (micro_tokens * world)
 
 

@@ -194,9 +194,9 @@ def orthogonalize_sharded(params, updates, group, orthogonalize, ns_dtype):
     """muon.orthogonalize() (passed in with muon.ns_dtype, as muon.py imports this file) for DTensor parameters
     that FSDP2 shards by rows (Shard(0)) over a 1-D mesh; updates are this rank's rows of each matrix. Matrix i
     is orthogonalized whole on rank i % world, in rounds of `world` matrices (one each): its rows are gathered
-    onto that rank, and the result's rows scattered back. Each rank runs Newton-Schulz on 1/world of the matrices and receives about 2/world of their
-    bytes, where an all-gather of every matrix on every rank would receive all of them and compute all.
-    Returns this rank's rows of each orthogonalized update, in ns_dtype."""
+    onto that rank, and the result's rows scattered back. Each rank runs Newton-Schulz on 1/world of the
+    matrices and receives about 2/world of their bytes, where an all-gather of every matrix on every rank would
+    receive all of them and compute all. Returns this rank's rows of each orthogonalized update, in ns_dtype."""
     mesh = params[0].device_mesh
     if mesh.ndim != 1 or any(p.placements != (Shard(0),) for p in params):
         raise ValueError("Muon takes DTensor parameters sharded by rows over one mesh dimension (FSDP2's default)")

@@ -231,11 +231,14 @@ def report_eval(log, bar, step, val, model):
         + (f"; adapter |W_s| {adapter['state']:.2f}, |W_e| {adapter['embed']:.2f}" if adapter else ""))
 
 
-def pace(seconds, steps_left, step_seconds, eval_seconds):
-    """The line after the first three steps, which set the pace: the seconds ahead for the steps left."""
+def pace(run, args, mean_r_at):
+    """The line after the first three steps of train.py's run (a Run), which set the pace: the time the steps left
+    will take (time_ahead), from the seconds per FLOP so far and the last eval's seconds."""
+    seconds = time_ahead(run.model, args, run.step, run.tokens_per_step, run.timed_s / run.timed_flops, run.eval_s,
+                         mean_r_at)
     ahead = f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
-    return (f"~{ahead} for the {steps_left} steps left at this pace ({step_seconds:.2g} s a step so far"
-            + (f", {eval_seconds:.2g} s an eval)" if eval_seconds else ")"))
+    return (f"~{ahead} for the {args.max_iters - run.step} steps left at this pace ({run.timed_s / 3:.2g} s a step so "
+            "far" + (f", {run.eval_s:.2g} s an eval)" if run.eval_s else ")"))
 
 
 def on_disk(out_dir):

@@ -1,5 +1,6 @@
 """
-The flags of a training run's machinery (train.py --help lists them last): saving between evaluations,
+The flags of a training run's machinery (train.py --help lists them last), and the check of train.py's flag
+values before anything loads (check_flags). The machinery: saving between evaluations,
 device, compilation and sharding, precision, the guards that stop a diverging run, MFU and the upload.
 None of them changes what the recipe trains; all but --fsdp (whose optimizer states are shard files) may
 differ on --resume (SYSTEM_MAY_CHANGE), autocast as long as the precision it resolves to stays the run's
@@ -8,7 +9,11 @@ differ on --resume (SYSTEM_MAY_CHANGE), autocast as long as the precision it res
     python train.py --help    # the recipe's flags first, then the run's, then these
 """
 
+import os
+
+from plumbing.cli import at_least, int_list
 from plumbing.device import AUTOCAST
+from plumbing.upload import check_push
 
 SYSTEM_FLAGS = dict(
     ckpt_minutes=(5.0, "also save between evals once this many minutes passed since the last save; 0 = at evals only"),
@@ -29,3 +34,29 @@ SYSTEM_FLAGS = dict(
     private=(False, "with --push_to_hub: create the repo private"),
 )
 SYSTEM_MAY_CHANGE = tuple(key for key in SYSTEM_FLAGS if key != "fsdp")
+
+
+def check_flags(args, choices):
+    """A one-line ValueError for a flag value of train.py that is wrong whatever the data and the model; choices
+    {key: allowed values}. Returns args."""
+    int_list(args.shape, "--shape", n=3)
+    int_list(args.eval_r, "--eval_r")
+    at_least(args, 1, "eval_interval", "eval_iters", "batch_size", "block_size", "max_bad_steps", "diverge_steps",
+             "log_interval", "mean_recurrence", "backprop_depth")
+    at_least(args, 0, "max_iters", "warmup_iters", "total_batch_tokens", "recurrence_sigma", "grad_clip")
+    if args.fsdp:  # plumbing/fsdp.py only where --fsdp asks for it: its torch.distributed.checkpoint and DTensor
+        from plumbing import fsdp  # imports are slow, and a run without --fsdp need not pay for them
+
+        fsdp.check_flags(args)  # --fsdp needs torchrun
+    for key, allowed in choices.items():
+        if getattr(args, key) not in allowed:
+            raise ValueError(f"--{key} must be one of {', '.join(map(repr, allowed))}, not {getattr(args, key)!r}")
+    if args.exit_gate and (args.init == "scratch" or args.static or args.fsdp or
+                           int(os.environ.get("WORLD_SIZE", 1)) > 1):
+        raise ValueError("--exit_gate trains a gate on a trained recurrent model, in one process: pass --init with "
+                         "its checkpoint directory, without --static, --fsdp or torchrun")
+    if args.init == "scratch" and args.n_embd % args.n_head:
+        raise ValueError(f"--n_embd {args.n_embd} is not a multiple of --n_head {args.n_head}")
+    if args.push_to_hub:  # a bad repo id, offline or no login: said now, not after the run
+        check_push(args.push_to_hub, args.out_dir)
+    return args
