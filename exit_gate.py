@@ -23,8 +23,8 @@ and at test time a token stops after the first loop whose gate reaches --exit_th
 Why the state and not the coda's output: the gate then costs two h-vector products per loop and no
 readout, so a token that goes on looping pays nothing for asking; the coda's output would need the coda after
 every loop, as kl and entropy do. Why the step too: the state alone does not say how far the loop still moves
-it (a gate on rmsnorm(s_i) alone, tried first on the from-scratch depth model, gave every loop of a depth-6
-label the same p ~ 0.97 and exited half of them after loop 1, wrong); the step's size is latent-diff's signal
+it (on the from-scratch depth model a gate on rmsnorm(s_i) alone gives every loop of a depth-6 label about the
+same p and exits half of them after loop 1, wrong: RESULTS.md); the step's size is latent-diff's signal
 (above), its direction says which way the answer is still moving. rmsnorm without a weight: the state's
 scale grows with the loop (Huginn's s_0 is scaled by sqrt(h)), the gate reads directions and the log size.
 Why this target and not Ouro's expected loss: with the model frozen the best exit is known exactly, the first

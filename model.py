@@ -41,7 +41,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        if x.dtype == self.weight.dtype == torch.float32:  # the same ops in one call, bitwise (decode speed)
+        if x.dtype == self.weight.dtype == torch.float32:  # the same ops fused in one call, bitwise
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -70,7 +70,7 @@ def apply_rope(x, cos, sin):
     """Llama's x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2 | x1] for the halves x1, x2 of each head.
     x (B, n_head, T, hd); cos, sin (B or 1, 1, T, hd) from RecurrentGPT.rope, sin with its first half negated,
     so rotate_half(x) * sin is roll(x, hd/2) * that: the same products, bitwise, in one op instead of a
-    split, a negation and a concatenation (decoding runs this twice a layer for a single position)."""
+    split, a negation and a concatenation."""
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
@@ -91,11 +91,8 @@ def attend(q, k, v, mask=None):
 
 def attend_cached(q, k, v, mask, cache, key):
     """attend() over the past too: k, v of the new positions go into the KV cache at key = (part, layer, loop)
-    (plumbing/kv_cache.py), which hands back every position's. Eager under --compile (torch.compile of the blocks):
-    the cache's positions, slots and exited rows are Python state that changes every token and its keys are views
-    into preallocated buffers; traced, each change would be a guard and a recompile. compile_blocks
-    (plumbing/device.py) wraps it in torch.compiler.disable, not a decorator here: that imports torch._dynamo,
-    ~2.5 s of every process's start, which only a compiled run needs."""
+    (sample.py's cache), which hands back every position's. Left eager under --compile (plumbing/device.py
+    compile_blocks): the cache's positions change every token, and traced each would be a recompile."""
     k, v = cache.update(key, k, v)  # (B, nkv, S, hd) with the past prepended
     return attend(q, k, v, mask)
 

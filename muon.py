@@ -141,7 +141,7 @@ class Muon(torch.optim.Optimizer):
             # momentum for all matrices in two fused calls (same arithmetic as torch's lerp)
             torch._foreach_lerp_(bufs, grads, 1 - mu)
             updates = [g.lerp(b, mu) for g, b in zip(grads, bufs)] if group["nesterov"] else bufs
-            if sharded:  # only --fsdp imports plumbing/fsdp.py (torch.distributed.checkpoint: ~1.5 s a start)
+            if sharded:  # only --fsdp imports plumbing/fsdp.py (its torch.distributed imports are slow)
                 from plumbing.fsdp import orthogonalize_sharded
             ortho = (orthogonalize_sharded(params, updates, group, orthogonalize, ns_dtype) if sharded
                      else orthogonalize(updates, group))

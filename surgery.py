@@ -8,7 +8,7 @@ e through, so r=1 (indeed any r) reproduces the layer-dropped parent exactly, wh
 checks after writing. --static keeps the same layers and runs them once (the non-recurrent
 baseline; a shape that adds up to the parent's layers, e.g. 4,8,4 of 16, keeps the whole parent).
 
-    python surgery.py --init=smollm2 --shape 6,8,6 --out out/smollm2          # offline, CPU, ~20 s
+    python surgery.py --init=smollm2 --shape 6,8,6 --out out/smollm2          # offline, CPU
     python surgery.py --init=llama --shape 4,6,4 --out out/llama_4_6_4        # Llama-3.2-1B from the hub
     python surgery.py --init=path/to/hf_dir --layers 0-3,6-11,12-15 --out out/x
     python surgery.py --export-raven out/llama_4_6_4 out/llama_raven          # the published "raven" format

@@ -154,8 +154,8 @@ def ready_out_dir(path, flag="--out_dir"):
 def default_threads():
     """--threads of sample.py, eval_math.py, analyze.py: OMP_NUM_THREADS when set, else half the cores this
     process may use (at least 1). Not all of them: OpenMP threads meet at a barrier after every op, so with as
-    many threads as cores one other busy process stalls every op on a descheduled thread. Measured on 2 shared
-    cores (SmolLM2 (6,8,6), r=4): sample.py's 201-token prefill took 1.3-2.4 s at 1 thread, 9-20 s at 2."""
+    many threads as cores one other busy process stalls every op on a descheduled thread (RESULTS.md has the
+    measurement)."""
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         return max(1, int(os.environ["OMP_NUM_THREADS"]))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

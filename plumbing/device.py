@@ -89,7 +89,7 @@ def setup(device="auto"):
 
 def is_dtensor(t):
     """isinstance(t, DTensor) (a --fsdp parameter, plumbing/fsdp.py) without importing torch.distributed.tensor,
-    ~1.5 s of every process's start: a DTensor exists only once FSDP2 has imported that module."""
+    a slow import for every process: a DTensor exists only once FSDP2 has imported that module."""
     dtensor = sys.modules.get("torch.distributed.tensor")
     return dtensor is not None and isinstance(t, dtensor.DTensor)
 

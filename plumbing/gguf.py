@@ -33,7 +33,7 @@ class GGUFError(ValueError):
 def read(path):
     """-> (metadata, index). metadata: the key/value header as a dict (arrays as lists); index: {tensor name:
     (ggml type, shape in PyTorch order, byte offset in the file)}. Nothing of the tensor data is read.
-    gguf.GGUFReader gives the same values but takes seconds on a 49k-token vocabulary, this ~0.1 s."""
+    gguf.GGUFReader gives the same values, but slowly on a 49k-token vocabulary: it builds an object a field."""
     with open(path, "rb") as f:
         try:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

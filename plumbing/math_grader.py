@@ -216,7 +216,7 @@ def _verify(pred, gold):
             warnings.warn("math_grader: no timeout off the main thread, so only the string comparison runs there")
             _warned_thread = True
         return False
-    from math_verify import LatexExtractionConfig, parse, verify  # imported only when MATH is graded (~1 s)
+    from math_verify import LatexExtractionConfig, parse, verify  # imported only when MATH is graded (a slow import)
 
     config = [LatexExtractionConfig()]  # LaTeX only: the plain-expression parser ends in sympy's parse_expr, an eval
     try:

@@ -116,6 +116,36 @@ def test_no_process_words_in_test_names():
     assert not bad, bad
 
 
+# history ("tried first", "an earlier measurement") and timings belong in RESULTS.md or the git log, not in the code,
+# its configs and scripts: a time is true of one machine on one day (a format spec such as {name:8s} is no time)
+HISTORY = re.compile(r"tried first|was tried|an earlier (measurement|run|version)|earlier measurements?|used to (be|take)|"
+                     r"previously|at first we|we first", re.I)
+TIMING = re.compile(r"(?<![\w.:<>^])~?\d+(\.\d+)?(-\d+(\.\d+)?)? ?(ms|s|sec|seconds|min|minutes|hours)\b(?![\w(])")
+
+
+def code_files():
+    return [f for f in reader_files() if f.endswith((".py", ".json", ".sh")) or f == "Makefile"]
+
+
+def test_no_history_or_timings_in_code():
+    hits = []
+    for f in code_files():
+        with open(os.path.join(REPO, f), errors="replace") as fh:
+            for n, line in enumerate(fh, 1):
+                if HISTORY.search(line) or TIMING.search(line):
+                    hits.append(f"{f}:{n}: {line.strip()[:100]}")
+    assert not hits, "\n".join(hits[:20])
+
+
+def test_history_and_timing_patterns_catch_what_they_should():
+    for text in ("tried first on the model", "an earlier measurement gave 70 s", "(~45 minutes a seed)", "~2 s a step",
+                 "1-3 min a step", "took 0.5 s", "(~6 min, 1 CPU thread)"):
+        assert HISTORY.search(text) or TIMING.search(text), text
+    for text in ('f"{name:38s} {wall:10.1f}"', "the answer no longer changes", "s_0 of row b", "--ckpt_minutes 5",
+                 "(B, T, h)", "r=4 s_1", "t_start"):
+        assert not (HISTORY.search(text) or TIMING.search(text)), text
+
+
 def test_process_pattern_catches_what_it_should():
     assert PROCESS.search("as the issue asked") and PROCESS.search("see ../shared/data") and PROCESS.search("The aim")
     assert not PROCESS.search("the claim holds") and not PROCESS.search("tissue")
