@@ -91,7 +91,7 @@ def attend(q, k, v, mask=None):
 
 def attend_cached(q, k, v, mask, cache, key):
     """attend() over the past too: k, v of the new positions go into the KV cache at key = (part, layer, loop)
-    (plumbing/kv_cache.py), which hands back every position's. Eager under --compile (torch.compile of the blocks):
+    (kv_cache.py), which hands back every position's. Eager under --compile (torch.compile of the blocks):
     the cache's positions, slots and exited rows are Python state that changes every token and its keys are views
     into preallocated buffers; traced, each change would be a guard and a recompile. compile_blocks
     (plumbing/device.py) wraps it in torch.compiler.disable, not a decorator here: that imports torch._dynamo,
@@ -334,7 +334,7 @@ class RecurrentGPT(nn.Module):
         else:
             self.adapter.reset_parameters()
 
-    # --- the pieces of the forward pass (forward composes them; so does sample.py's CachedForward)
+    # --- the pieces of the forward pass (forward composes them; so does kv_cache.py's CachedForward)
 
     def rope(self, position_ids):
         """(cos, sin), each (B or 1, 1, T, hd) to broadcast over the heads, for integer positions (B, T) or (T,):
@@ -405,7 +405,7 @@ class RecurrentGPT(nn.Module):
 
     def forward(self, idx, targets=None, num_steps=None, *, seeds=None, depths=None, depth_weight=0.0,
                 labeled_only=False, return_states=False, return_loop_logits=False):
-        """The one forward of training, evaluation and analysis; sample.py's CachedForward, the decoder with a
+        """The one forward of training, evaluation and analysis; kv_cache.py's CachedForward, the decoder with a
         KV cache, is the one other loop. idx, targets (B, T); num_steps r or (n without grad, k with grad).
         Returns (logits (B, T, V), loss), or a Trajectory when return_states / return_loop_logits ask for
         the states s_0..s_r / the readouts after the grad loops. Keywords of training (train.py):

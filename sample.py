@@ -5,7 +5,7 @@ arXiv 2502.05171, §6; the model is McLeish et al. 2025, arXiv 2511.07384).
 Every generated token runs the prelude once, the recurrent core r times and the coda once, so a
 decode step costs P + r R + C layers. On top of plain sampling (temperature, top-k, top-p, stop at
 EOS, batched prompts with left padding):
-- a KV cache with one entry per (layer, loop), prefill then one token per step (plumbing/kv_cache.py);
+- a KV cache with one entry per (layer, loop), prefill then one token per step (kv_cache.py);
 - KV-cache sharing: a budget of N slots per core layer, loop i uses slot i mod N (--kv_budget);
 - adaptive exit per token: stop looping once the state or the prediction stops moving (--exit, exit_gate.py):
   kl, entropy-diff, latent-diff, cosine or argmax, with Huginn's default thresholds, or a learned gate; later tokens
@@ -16,12 +16,9 @@ EOS, batched prompts with left padding):
 - self-speculative decoding: draft a few tokens with few loops, verify them in one pass at r loops
   and keep the agreeing prefix (--draft_r; greedy only).
 
-CachedForward.run is the one loop over the recurrent core besides model.forward. It drives the
-model's pieces (run_prelude, init_state, iterate, readout) itself because decoding needs three things
-one forward call does not do: write each new token's keys and values into the cache at its position,
-let each row of a batch exit the loop on its own (exited rows stop writing), and break out of the loop
-once every row has exited. Without a cache it is the plain forward pass, the reference the cache must
-match (tests/test_sample.py).
+Every mode decodes through kv_cache.py's CachedForward, the one loop over the recurrent core besides
+model.forward; without a cache it is the plain forward pass, the reference the cache must match
+(tests/test_sample.py).
 
 Standard output carries only the generated text; the configuration and statistics go to stderr.
 
@@ -41,10 +38,10 @@ from typing import Callable
 import torch
 
 from exit_gate import EXIT_THRESHOLDS, ZERO_SHOT, ExitRule  # adaptive exit: its criteria and the learned gate
+from kv_cache import CachedForward, KVCache  # the decoder: its KV cache and the cached forward pass
 from plumbing.cli import THREADS_HELP, Parser, at_least, default_threads, str2bool
 from plumbing.decode import matvec_layout
 from plumbing.device import AUTOCAST, autocast_context, compile_blocks
-from plumbing.kv_cache import KVCache, WriteRows
 from plumbing.tokenizer import prompt_ids, stop_ids
 
 @dataclass
@@ -106,111 +103,6 @@ class DecodeOptions:
                                  "it cannot combine with exit or warm_start")
             if self.stop is not None:
                 raise ValueError("stop= is not supported with draft_r (self-speculative decoding)")
-
-
-# -----------------------------------------------------------------------------
-# the cached forward pass: prefill, decode steps and verify passes over a (B, T) block of new tokens
-
-
-class CachedForward:
-    """Runs the model's pieces (run_prelude, init_state, iterate, readout) over new tokens at position
-    self.pos, reading and writing the KV cache, with left padding: row b has pads[b] pad tokens first,
-    its real positions start at 0 and no real token attends to a pad. cache=None recomputes (the
-    caller passes the whole sequence). Not an nn.Module: it holds the decoding state, not weights."""
-
-    def __init__(self, model, pads, max_len, r, cache=None, exit_rule=None, warm_start=False, generator=None):
-        self.model, self.r, self.cache = model, r, cache
-        self.exit_rule, self.warm_start, self.generator = exit_rule, warm_start, generator
-        device = model.embed_tokens.weight.device
-        self.pads = torch.tensor(pads, device=device)
-        self.has_pad = any(p > 0 for p in pads)
-        self.key_valid = torch.arange(max_len, device=device)[None] >= self.pads[:, None]  # (B, S)
-        self.pos = 0  # positions already in the cache
-        self.warm = None  # (B, 1, h) final state of the last token, for warm start
-
-    def _mask(self, T):
-        # None lets attention use its causal default: right when nothing is padded and either the
-        # block starts at 0 (T == S) or it is one token that may see everything
-        if not self.has_pad and (T == 1 or self.pos == 0):
-            return None
-        S, dev = self.pos + T, self.pads.device
-        q = torch.arange(self.pos, S, device=dev)[:, None]
-        j = torch.arange(S, device=dev)[None]
-        allowed = self.key_valid[:, None, :S] & (j <= q)  # (B, T, S)
-        return (allowed | (j == q))[:, None]  # a pad query sees itself: no empty softmax row (NaN)
-
-    def run(self, idx, num_loops=None, adaptive=False, last_only=False):
-        """idx (B, T) new tokens -> logits (B, T, V), loops (B,). num_loops: this pass's r (default
-        self.r). adaptive (T == 1 only) applies the exit rule per row: exited rows keep their state,
-        stop writing the cache and leave the batch (_exit_loops). last_only: logits (B, 1, V) of the last
-        position only (a prefill): the head, a 49k-vocabulary matmul for the parents, skips the rest
-        (B x T x V fp32 logits are 2 GB for 32 GSM8K prompts)."""
-        m, cache = self.model, self.cache
-        B, T = idx.shape
-        r = self.r if num_loops is None else num_loops
-        if adaptive and (T != 1 or cache is None or self.exit_rule is None):
-            raise ValueError("adaptive exit runs one token per step, with a KV cache and an exit rule")
-        pos_ids = (torch.arange(self.pos, self.pos + T, device=idx.device)[None] - self.pads[:, None]).clamp_min(0)
-        rope, mask = m.rope(pos_ids), self._mask(T)
-        if cache is not None:
-            cache.start(self.pos, T, r)
-        e = m.run_prelude(idx, rope, mask, cache)  # (B, T, h)
-        if self.warm_start and self.warm is not None and T == 1:
-            s = self.warm  # continuous CoT: start where the last token ended
-        else:
-            s = m.init_state(e, self.generator)
-        loops = torch.full((B,), r, dtype=torch.long)
-        rule, logits = (self.exit_rule if adaptive else None), None
-        if rule is None:
-            for i in range(r):
-                s = m.iterate(s, e, rope, i, mask, cache)
-        else:  # Huginn §6.1, per row: a row that converged stops looping and writing; the rest go on
-            s, logits = self._exit_loops(s, e, rope, mask, r, loops)
-        if logits is None:
-            last = None
-            if last_only and T > 1:
-                last = torch.zeros(B, T, dtype=torch.bool, device=idx.device)
-                last[:, -1] = True
-            logits = m.readout(s, rope, mask, cache, positions=last)  # (B, T, V), or (B, V) at last
-            logits = logits if last is None else logits.view(B, 1, -1)
-        self.warm = s[:, -1:]
-        if cache is not None:
-            self.pos += T
-        return logits, loops
-
-    def _exit_loops(self, s, e, rope, mask, r, loops):
-        """The loops of an adaptive step. After every loop the rows that converged leave the batch: the
-        next loop runs on the n rows still looping only (their state, e, rotary and mask gathered; the cache
-        writes and returns theirs only), so a step costs the loops its rows ran, not B times the slowest
-        row's. Fills loops (B,) in place; returns every row's final state (B, 1, h) and, when the rule
-        reads out after every loop, each row's logits of its last loop (B, 1, V), else None."""
-        m, cache, rule, B = self.model, self.cache, self.exit_rule, s.shape[0]
-        rule.reset()
-        rows = torch.arange(B, device=s.device)  # the rows still looping
-        out, lg = s.clone(), None
-        out_logits = torch.empty(B, 1, m.config.vocab_size, device=s.device) if rule.needs_readout else None
-        for i in range(r):
-            view = cache if len(rows) == B else WriteRows(cache, rows)  # all rows: the plain cache, no gather
-            s_new = m.iterate(s, e, rope, i, mask, view)  # (n, 1, h)
-            lg = m.readout(s_new, rope, mask, view) if rule.needs_readout else None
-            done = rule.converged(i, s, s_new, lg)  # (n,) bool
-            s = s_new
-            if i + 1 < r and bool(done.any()):
-                gone, keep = rows[done], ~done
-                out[gone] = s[done]
-                if lg is not None:
-                    out_logits[gone], lg = lg[done], lg[keep]
-                loops[gone.cpu()] = i + 1
-                cache.mark_exited(gone, i + 1)
-                rule.keep(keep)
-                rows, s, e = rows[keep], s[keep], e[keep]
-                rope, mask = tuple(t[keep] for t in rope), None if mask is None else mask[keep]
-                if len(rows) == 0:
-                    break
-        out[rows] = s
-        if lg is not None:
-            out_logits[rows] = lg
-        return out, out_logits
 
 
 def sample_next(logits, temperature=0.0, top_k=None, top_p=None, generator=None):

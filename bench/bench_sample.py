@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from plumbing.decode import Matvec  # noqa: E402
-from plumbing.kv_cache import KVCache  # noqa: E402
+from kv_cache import KVCache  # noqa: E402
 from sample import EXIT_THRESHOLDS, ZERO_SHOT, CachedForward, ExitRule, generate, matvec_layout  # noqa: E402
 
 # 64 tokens in SmolLM2's chat template (the decode comparison's prompt length)

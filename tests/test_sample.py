@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from threadpoolctl import threadpool_info
 
-from plumbing.kv_cache import KVCache
+from kv_cache import KVCache
 from model import RecurrentConfig, RecurrentGPT
 from sample import (EXIT_THRESHOLDS, ZERO_SHOT, CachedForward, ExitRule, context_warning, filter_logits, generate, main,
                     matvec_layout)
@@ -311,6 +311,25 @@ def test_kv_policy_with_exit_matches_naive(budget):
     assert (logits["fast"] - logits["naive"]).abs().max().item() <= TOL
 
 
+@pytest.mark.parametrize("budget", [None, 2])
+def test_plain_cache_indexing_is_bitwise_the_fast_one(budget):
+    """KVCache(plain=True) (read_plain: the policy as plain advanced indexing) against the default path (views made
+    once, index_select, flat row indices) on a batch whose rows exit at different loops: the same bits."""
+    model, r = tiny(seed=3, std=0.1, **CONFIGS["huginn_sandwich"]), 12
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3], [1, 1, 2, 3, 5]]
+    got = {}
+    for plain in (False, True):
+        fwd = CachedForward(model, [0, 0, 0], 12, r, KVCache(model.config, 3, 12, budget or r, plain=plain),
+                            ExitRule("entropy-diff", 0.01))
+        with torch.inference_mode():
+            outs = [fwd.run(torch.tensor(prompts))[0][:, -1]]
+            for t in range(6):
+                lg, n = fwd.run(torch.tensor([[10 + t], [20 + t], [30 + t]]), adaptive=True)
+                outs += [lg[:, -1], n[:, None].float()]
+        got[plain] = torch.cat(outs, 1)
+    assert torch.equal(got[False], got[True])
+
+
 def test_kv_budget_bounds_memory():
     c = tiny().config
     full, shared = KVCache(c, 1, 100, 32), KVCache(c, 1, 100, 4)
@@ -469,7 +488,7 @@ def test_bad_flags_are_refused_by_name_before_loading(flag, value, capsys):
 def test_kv_cache_too_large_is_refused_before_allocating(tmp_path, capsys, monkeypatch):
     import importlib.util, os
 
-    from plumbing import kv_cache
+    import kv_cache
     from plumbing.tokenizer import save_tokenizer_files
 
     model = tiny(vocab_size=49152)
