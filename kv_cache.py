@@ -205,6 +205,24 @@ class CachedForward:
         allowed = self.key_valid[:, None, :S] & (j <= q)  # (B, T, S)
         return (allowed | (j == q))[:, None]  # a pad query sees itself: no empty softmax row (NaN)
 
+    def _positions(self, T):
+        """Rotary (cos, sin) and the attention mask of T new tokens at self.pos (pads count no position)."""
+        pos = torch.arange(self.pos, self.pos + T, device=self.pads.device)
+        return self.model.rope((pos[None] - self.pads[:, None]).clamp_min(0)), self._mask(T)
+
+    def refine(self, idx, s, num_loops):
+        """One pass of the parallel sampler (diffusion.py) over the block idx (B, T) at positions self.pos..: the
+        states s (B, T, h) carried over from the last pass run loops 0..num_loops-1 (the cache entries of those
+        loops), then the coda reads every position out -> logits (B, T, V), s. self.pos stays where it is: the
+        next pass writes again what of this block is still being refined."""
+        m, cache = self.model, self.cache
+        rope, mask = self._positions(idx.shape[1])
+        cache.start(self.pos, idx.shape[1], num_loops)
+        e = m.run_prelude(idx, rope, mask, cache)  # (B, T, h): the tokens may have changed since the last pass
+        for i in range(num_loops):
+            s = m.iterate(s, e, rope, i, mask, cache)
+        return m.readout(s, rope, mask, cache), s
+
     def run(self, idx, num_loops=None, adaptive=False, last_only=False):
         """idx (B, T) new tokens -> logits (B, T, V), loops (B,). num_loops: this pass's r (default
         self.r). adaptive (T == 1 only) applies the exit rule per row: exited rows keep their state,
@@ -216,8 +234,7 @@ class CachedForward:
         r = self.r if num_loops is None else num_loops
         if adaptive and (T != 1 or cache is None or self.exit_rule is None):
             raise ValueError("adaptive exit runs one token per step, with a KV cache and an exit rule")
-        pos_ids = (torch.arange(self.pos, self.pos + T, device=idx.device)[None] - self.pads[:, None]).clamp_min(0)
-        rope, mask = m.rope(pos_ids), self._mask(T)
+        rope, mask = self._positions(T)
         if cache is not None:
             cache.start(self.pos, T, r)
         e = m.run_prelude(idx, rope, mask, cache)  # (B, T, h)

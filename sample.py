@@ -38,11 +38,25 @@ from typing import Callable
 import torch
 
 from exit_gate import EXIT_THRESHOLDS, ZERO_SHOT, ExitRule  # adaptive exit: its criteria and the learned gate
+from diffusion import check_diffusion, generate_diffusion  # the parallel sampler (--sampler diffusion)
 from kv_cache import CachedForward, KVCache  # the decoder: its KV cache and the cached forward pass
 from plumbing.cli import THREADS_HELP, Parser, at_least, default_threads, str2bool
-from plumbing.decode import matvec_layout
+from plumbing.decode import decode_kernel, kernel_cache_path, matvec_layout
 from plumbing.device import AUTOCAST, autocast_context, compile_blocks
 from plumbing.tokenizer import prompt_ids, stop_ids
+
+SAMPLERS = ("sequential", "diffusion")
+
+
+def diffusion_conflicts(exit_criterion, exit_min_loops, warm_start, draft_r, cache):
+    """The options the diffusion sampler refuses, as one ValueError (none: returns)."""
+    bad = [name for name, on in (("exit other than latent-diff", exit_criterion not in (None, "latent-diff")),
+                                 ("exit_min_loops", exit_min_loops != 1), ("warm_start", warm_start),
+                                 ("draft_r", draft_r is not None), ("cache off", not cache)) if on]
+    if bad:
+        raise ValueError(f"the diffusion sampler cannot combine with {', '.join(bad)}: its wave carries each "
+                         "position's state itself and freezes by a loop budget or by latent-diff")
+
 
 @dataclass
 class Completion:
@@ -69,6 +83,11 @@ class DecodeOptions:
     draft_r: int | None = None  # self-speculative decoding: draft with this many loops
     draft_k: int = 4  # tokens drafted per verify pass
     stop: Callable | None = None  # (row, new tokens so far) -> True ends the row as EOS would
+    sampler: str = "sequential"  # sequential | diffusion (diffusion.py: many positions a few loops per pass)
+    loops_per_pass: int = 4  # diffusion: core loops each position of the wave runs per forward pass
+    wavefront: int = 128  # diffusion: positions refined at once, at most
+    headway: int = 1  # diffusion: new positions joining the wave per pass
+    freeze_loops: int | None = -1  # diffusion: loops after which a position freezes (-1: r; None: no budget)
 
     def check(self, c, prompts):
         """Every bad combination as one ValueError, before the model runs (c: the model's config)."""
@@ -95,6 +114,12 @@ class DecodeOptions:
         if not self.cache and (self.kv_budget or self.exit_criterion or self.warm_start or self.draft_r):
             raise ValueError("cache=False recomputes every position at fixed r: it cannot combine with "
                              "kv_budget, exit, warm_start or draft_r")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"unknown sampler {self.sampler!r}: choose from {', '.join(SAMPLERS)}")
+        if self.sampler == "diffusion":
+            diffusion_conflicts(self.exit_criterion, self.exit_min_loops, self.warm_start, self.draft_r, self.cache)
+            check_diffusion(self.r, self.loops_per_pass, self.wavefront, self.headway,
+                            self.r if self.freeze_loops == -1 else self.freeze_loops, self.diffusion_threshold())
         if self.draft_r is not None:
             if self.draft_r < 1 or self.draft_k < 1:
                 raise ValueError(f"draft_r and draft_k must be >= 1, got {self.draft_r} and {self.draft_k}")
@@ -103,6 +128,12 @@ class DecodeOptions:
                                  "it cannot combine with exit or warm_start")
             if self.stop is not None:
                 raise ValueError("stop= is not supported with draft_r (self-speculative decoding)")
+
+    def diffusion_threshold(self):
+        """The diffusion sampler's latent-diff freeze threshold (None: off), --exit latent-diff's."""
+        if self.exit_criterion != "latent-diff":
+            return None
+        return EXIT_THRESHOLDS["latent-diff"] if self.exit_threshold is None else self.exit_threshold
 
 
 def sample_next(logits, temperature=0.0, top_k=None, top_p=None, generator=None):
@@ -139,7 +170,8 @@ def generate(model, prompts, *, max_new_tokens, num_steps, eos_id=None, seed=Non
     summed over the batch's rows (finished rows included: they stay in the batch), against loops_run_max,
     steps x rows x r (what a fixed r runs; adaptive exit lowers the first). options: the other fields of
     DecodeOptions (temperature, top_k, top_p, cache, kv_budget, exit_criterion, exit_threshold,
-    exit_min_loops, warm_start, draft_r, draft_k, stop), with their defaults there; an unknown one is a
+    exit_min_loops, warm_start, draft_r, draft_k, stop, sampler, loops_per_pass, wavefront, headway, freeze_loops),
+    with their defaults there; an unknown one is a
     TypeError. stop: a callable(row, tokens) -> bool, asked after every new token of a row (its new
     tokens so far); True ends that row as EOS would (stop strings).
     Returns one Completion per prompt."""
@@ -159,6 +191,8 @@ def generate(model, prompts, *, max_new_tokens, num_steps, eos_id=None, seed=Non
         with torch.inference_mode():
             if opt.draft_r is not None:
                 return [_speculative(model, p, opt, gen, stats) for p in prompts]
+            if opt.sampler == "diffusion":
+                return [_diffusion(model, p, opt, gen, stats) for p in prompts]
             return _batch(model, prompts, opt, gen, stats)
     finally:
         model.train(was_training)
@@ -265,6 +299,25 @@ def _speculative(model, prompt, opt, gen, stats):
     return Completion(out, [r] * len(out))
 
 
+def _diffusion(model, prompt, opt, gen, stats):
+    """One prompt through diffusion.py's sampler (batch 1: each prompt its own wave), its counts added to stats."""
+    st = {}
+    pick = lambda logits: sample_next(logits, opt.temperature, opt.top_k, opt.top_p, gen)
+    tokens, loops = generate_diffusion(model, prompt, max_new_tokens=opt.max_new_tokens, r=opt.r, pick=pick,
+                                       loops_per_pass=opt.loops_per_pass, wavefront=opt.wavefront,
+                                       headway=opt.headway, freeze_loops=opt.freeze_loops,
+                                       threshold=opt.diffusion_threshold(), eos=opt.eos, stop=opt.stop,
+                                       kv_budget=opt.kv_budget, generator=gen, stats=st)
+    stats["prefill_s"] += st["prefill_s"]
+    stats["decode_s"] += st["decode_s"]
+    stats["decode_tokens"] += len(tokens) - 1  # the first new token is the prefill's
+    stats["decode_loops"] += sum(loops)
+    stats["kv_bytes"] = max(stats["kv_bytes"], st["kv_bytes"])
+    for k in ("passes", "wave_positions", "loops_run"):
+        stats[k] = stats.get(k, 0) + st[k]
+    return Completion(tokens, loops)
+
+
 # -----------------------------------------------------------------------------
 # command line
 
@@ -290,6 +343,13 @@ def parse_args(argv=None):
     p.add_argument("--warm_start", **flag, help="start each token's state from the last token's final state")
     p.add_argument("--draft_r", type=int, default=None, help="self-speculative: draft with this many loops")
     p.add_argument("--draft_k", type=int, default=4, help="tokens drafted per verify pass")
+    p.add_argument("--sampler", default="sequential", choices=SAMPLERS, help="sequential: a token at a time, r loops "
+                   "each; diffusion: a wave of positions, --loops_per_pass loops each per pass (diffusion.py)")
+    p.add_argument("--loops_per_pass", type=int, default=4, help="diffusion: loops each wave position runs per pass")
+    p.add_argument("--wavefront", type=int, default=128, help="diffusion: positions refined at once, at most")
+    p.add_argument("--headway", type=int, default=1, help="diffusion: new positions joining the wave per pass")
+    p.add_argument("--freeze_loops", type=int, default=None, help="diffusion: loops after which a position freezes "
+                   "(default r; 0: none, --exit latent-diff alone freezes)")
     p.add_argument("--chat", **flag, help="wrap each prompt in the parent's chat template")
     p.add_argument("--bos", type=str2bool, default=True, help="start plain prompts with the parent's document separator (BOS or <|endoftext|>)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1")
@@ -300,12 +360,22 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     try:  # before the model loads: each wrong flag by name
         at_least(args, 0, "temperature", "exit_threshold")
+        at_least(args, 0, "freeze_loops")
         at_least(args, 1, "r", "max_new_tokens", "num_samples", "top_k", "kv_budget", "exit_min_loops", "draft_r", "draft_k",
-                 "threads")
+                 "threads", "loops_per_pass", "wavefront", "headway")
     except ValueError as err:
         p.error(str(err))
     if args.top_p is not None and not 0 < args.top_p <= 1:
         p.error(f"--top_p {args.top_p} must be in (0, 1]")
+    if args.sampler == "diffusion":  # what the flags alone decide, before the model loads
+        try:
+            diffusion_conflicts(args.exit, args.exit_min_loops, args.warm_start, args.draft_r, args.cache)
+            threshold = (args.exit_threshold or EXIT_THRESHOLDS["latent-diff"]) if args.exit else None
+            freeze = {None: args.r, 0: None}.get(args.freeze_loops, args.freeze_loops)
+            check_diffusion(args.r or args.loops_per_pass, args.loops_per_pass, args.wavefront, args.headway,
+                            freeze if args.r or args.freeze_loops is not None else args.loops_per_pass, threshold)
+        except ValueError as err:
+            p.error(str(err))
     return args
 
 
@@ -340,8 +410,12 @@ def main(argv=None):
     try:
         prompts = read_prompts(args) * args.num_samples
         model, tok_path = load_model(args.init, device=args.device)
-        if model.embed_tokens.weight.device.type == "cpu":
-            matvec_layout(model)
+        if model.embed_tokens.weight.device.type == "cpu":  # the one-row product kernel this CPU runs fastest
+            choice = decode_kernel(model)
+            times = ", ".join(f"{k} {v:.2f}" for k, v in choice["ms"].items())
+            print(f"decode kernel: {choice['kernel']} ({'cached' if choice['cached'] else 'measured'}: ms for a "
+                  f"token's one-row products at r = 1: {times}; {kernel_cache_path()})", file=sys.stderr)
+            matvec_layout(model, choice["kernel"])
         if args.compile:
             compile_blocks(model)
         tok = load_tokenizer(tok_path)
@@ -356,7 +430,10 @@ def main(argv=None):
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=eos or None,
                             seed=args.seed, cache=args.cache, kv_budget=args.kv_budget, exit_criterion=args.exit,
                             exit_threshold=args.exit_threshold, warm_start=args.warm_start, draft_r=args.draft_r,
-                            draft_k=args.draft_k, exit_min_loops=args.exit_min_loops, stats=stats)
+                            draft_k=args.draft_k, exit_min_loops=args.exit_min_loops, stats=stats,
+                            sampler=args.sampler, loops_per_pass=args.loops_per_pass, wavefront=args.wavefront,
+                            headway=args.headway,
+                            freeze_loops={None: -1, 0: None}.get(args.freeze_loops, args.freeze_loops))
     except (ValueError, FileNotFoundError, CheckpointError, SurgeryError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
@@ -371,6 +448,10 @@ def main(argv=None):
     print(f"{len(outs)} prompts, {n_new} new tokens: prefill {stats['prefill_s']:.2f}s, decode {dec:.1f} tok/s, "
           f"mean loops per token {sum(loops) / max(len(loops), 1):.2f}, KV cache "
           f"{stats['kv_bytes'] / 2**20:.1f} MiB", file=sys.stderr)
+    if args.sampler == "diffusion":
+        print(f"diffusion sampler: {stats['passes']} passes of {args.loops_per_pass} loops over "
+              f"{stats['wave_positions'] / max(stats['passes'], 1):.1f} positions on average, "
+              f"{n_new / max(stats['passes'], 1):.2f} tokens frozen per pass", file=sys.stderr)
     if args.exit is not None and stats["loops_run_max"]:
         run, fixed = stats["loops_run"], stats["loops_run_max"]
         print(f"adaptive exit: the decode steps ran {run} core loops (summed over rows) of the {fixed} a fixed r "

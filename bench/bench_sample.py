@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plumbing.decode import Matvec  # noqa: E402
+from plumbing.decode import KERNELS, decode_kernel  # noqa: E402
 from kv_cache import KVCache  # noqa: E402
 from sample import EXIT_THRESHOLDS, ZERO_SHOT, CachedForward, ExitRule, generate, matvec_layout  # noqa: E402
 
@@ -108,16 +108,6 @@ def matvecs_only(model):
     return run
 
 
-def torch_products(model):
-    """A model in matvec_layout whose one-row products go to F.linear (torch's MKL) instead of numpy's BLAS: the
-    layout's packing and strides alone. Returns the model."""
-    for m in model.modules():
-        for prod in (getattr(m, "qkv", None), getattr(m, "gate_up", None), m.forward):
-            if isinstance(prod, Matvec):
-                prod.wt = None
-    return model
-
-
 def section_hf(args, tok, ids):
     from transformers import AutoModelForCausalLM
 
@@ -129,9 +119,9 @@ def section_hf(args, tok, ids):
         log(f"1. skipped: smollm2 resolved to {gguf}, not the offline GGUF this section compares against")
         return
     plain, _ = load_model(gguf, state_init="zero")
+    choice = decode_kernel(plain)  # what sample.py runs on this CPU: measured once, then cached
     # copies, not new loads (each load de-quantizes the GGUF again): the layout rewrites the weights in place
-    fast = matvec_layout(copy.deepcopy(plain))  # what sample.py runs on CPU
-    mkl = torch_products(matvec_layout(copy.deepcopy(plain)))
+    layouts = {k: plain if k == "plain" else matvec_layout(copy.deepcopy(plain), k) for k in KERNELS}
     hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf),
                                               dtype=torch.float32).eval()
     x = torch.tensor([ids])
@@ -145,9 +135,9 @@ def section_hf(args, tok, ids):
                             do_sample=False, pad_token_id=tok.eos_id)
         return y[0, len(ids):].tolist()
 
-    runs = {"ours, decode layout (sample.py)": ours(fast), "ours, the layout with torch's products": ours(mkl),
-            "ours, parameters as loaded": ours(plain), "transformers generate": run_hf,
-            "matrix-vector products alone": matvecs_only(fast)}
+    name = lambda k: f"ours, kernel {k}" + (" (sample.py's)" if k == choice["kernel"] else "")
+    runs = {**{name(k): ours(m) for k, m in layouts.items()}, "transformers generate": run_hf,
+            "matrix-vector products alone": matvecs_only(layouts["numpy"])}
     for run in runs.values():
         run(2)  # warm up
     clock = 1 if torch.get_num_threads() == 1 else 0  # CPU time on one thread; on more, it counts spinning workers
@@ -155,6 +145,9 @@ def section_hf(args, tok, ids):
     hf_toks = res["transformers generate"][-1]
     log(f"1. decode at r=1, SmolLM2-135M (30 layers), prompt {len(ids)} tokens, {args.n_new} new tokens, greedy, "
         f"{torch.get_num_threads()} thread(s); {args.repeats} repeats, the decoders in turn in each")
+    log(f"   decode kernel chosen by measurement ({'cached' if choice['cached'] else 'measured now'}): "
+        f"{choice['kernel']}; ms for a token's one-row products: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in choice["ms"].items()))
     log(f"   decoder                                wall tok/s   CPU tok/s   vs hf ({('wall', 'CPU')[clock]}, per "
         "repeat: median, range)  tokens = hf")
     for name, (wall, cpu, ratio, lo, hi, toks) in res.items():
