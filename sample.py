@@ -410,11 +410,11 @@ def main(argv=None):
     try:
         prompts = read_prompts(args) * args.num_samples
         model, tok_path = load_model(args.init, device=args.device)
-        if model.embed_tokens.weight.device.type == "cpu":  # the one-row product kernel this CPU runs fastest
+        if model.embed_tokens.weight.device.type == "cpu":  # the few-row product kernel this CPU runs fastest
             choice = decode_kernel(model)
             times = ", ".join(f"{k} {v:.2f}" for k, v in choice["ms"].items())
             print(f"decode kernel: {choice['kernel']} ({'cached' if choice['cached'] else 'measured'}: ms for a "
-                  f"token's one-row products at r = 1: {times}; {kernel_cache_path()})", file=sys.stderr)
+                  f"token's products at r = 1 at 1 and 4 rows: {times}; {kernel_cache_path()})", file=sys.stderr)
             matvec_layout(model, choice["kernel"])
         if args.compile:
             compile_blocks(model)

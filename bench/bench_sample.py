@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_gpu's shapes for --parent random
 from plumbing.decode import KERNELS, decode_kernel  # noqa: E402
 from kv_cache import KVCache  # noqa: E402
 from sample import EXIT_THRESHOLDS, ZERO_SHOT, CachedForward, ExitRule, generate, matvec_layout  # noqa: E402
@@ -148,7 +149,7 @@ def section_hf(args, ids):
     log(f"1. decode at r=1, {args.parent} ({plain.config.n_core + 2} layers), prompt {len(ids)} tokens, {args.n_new} new tokens, greedy, "
         f"{torch.get_num_threads()} thread(s); {args.repeats} repeats, the decoders in turn in each")
     log(f"   decode kernel chosen by measurement ({'cached' if choice['cached'] else 'measured now'}): "
-        f"{choice['kernel']}; ms for a token's one-row products: "
+        f"{choice['kernel']}; ms for a token's products at 1 and 4 rows: "
         + ", ".join(f"{k} {v:.2f}" for k, v in choice["ms"].items()))
     log(f"   decoder                                wall tok/s   CPU tok/s   vs hf ({('wall', 'CPU')[clock]}, per "
         "repeat: median, range)  tokens = hf")
@@ -312,11 +313,31 @@ def batch_one(model, prompts, n_new, r, kw):
     return outs, time.perf_counter() - t0, sum(len(o) for o in outs)
 
 
-def diffusion_speed(args, ids):
+def speed_model(args):
+    """The (4,6,4) cut of --parent (identity adapter), laid out for CPU decoding; --parent random: random weights in
+    bench_gpu.py's --random_shape (no download), bf16 on CUDA."""
     from surgery import retrofit
 
-    model = matvec_layout(retrofit(args.parent, shape=(4, 6, 4), state_init="zero")[0])
-    log(f"5a. speed, {args.parent} (4,6,4) cut (identity adapter), prompt {len(ids)} tokens, {args.n_new} new tokens, "
+    if args.parent != "random":
+        return matvec_layout(retrofit(args.parent, shape=(4, 6, 4), state_init="zero")[0])
+    from bench_gpu import make_config
+    from model import RecurrentGPT
+
+    torch.manual_seed(0)
+    config = make_config(args.random_shape, (4, 6, 4))
+    config.state_init = "zero"
+    model = RecurrentGPT(config).eval()
+    device = torch.device(args.device)
+    model = model.to(device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    return matvec_layout(model) if device.type == "cpu" else model
+
+
+def diffusion_speed(args, ids):
+    model = speed_model(args)
+    if args.parent == "random":
+        ids = torch.randint(0, model.config.vocab_size, (64,), generator=torch.Generator().manual_seed(0)).tolist()
+    log(f"5a. speed, {args.parent} (4,6,4) cut on {model.embed_tokens.weight.device} "
+        f"({model.embed_tokens.weight.dtype}), prompt {len(ids)} tokens, {args.n_new} new tokens, "
         f"greedy, batch 1; the decoders in turn in each of {args.repeats} repeats; wall clock")
     log("   threads  r    decoder                  tok/s   vs sequential (median, range)  loops/token  "
         "tokens = sequential")
@@ -489,7 +510,10 @@ def main(argv=None):
     p.add_argument("--text_prompt", type=int, default=32, help="section 5: tokens per prompt")
     p.add_argument("--text_new", type=int, default=24, help="section 5: new tokens per prompt")
     p.add_argument("--plot", default="out/bench/diffusion_frontier.png", help="section 5: the frontier PNG")
-    p.add_argument("--parent", default="smollm2", help="the parent of sections 1, 2, 4 and 5's speed table")
+    p.add_argument("--parent", default="smollm2", help="the parent of sections 1, 2, 4 and 5's speed table; random: "
+                   "5's speed table on random weights of --random_shape (bench/gpu_check.sh)")
+    p.add_argument("--random_shape", default="llama-3.2-1b", help="--parent random: a shape of bench_gpu.py")
+    p.add_argument("--device", default="cpu", help="--parent random: where section 5's speed table runs")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--threads", type=int, default=1,
                    help="1 by default: decode is matrix-vector work, and a 2nd thread waits a lot on shared cores")
@@ -500,13 +524,15 @@ def main(argv=None):
     args.diffusion_threads = [int(x) for x in args.diffusion_threads.split(",")]
     args.thresholds = [float(x) for x in args.thresholds.split(",")]
     sections = {int(x) for x in args.sections.split(",")}
+    if args.parent == "random" and sections != {5}:
+        p.error("--parent random has random weights for section 5's speed table only: add --sections 5")
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:
             smoke_setup(args, tmp)
         log("config: " + " ".join(f"{k}={v}" for k, v in vars(args).items()) + f" torch={torch.__version__}")
         ids = list(range(3, 19))  # --smoke: any ids of the tiny vocabulary
-        if sections & {1, 2, 4, 5} and not args.smoke:
+        if sections & {1, 2, 4, 5} and not args.smoke and args.parent != "random":
             from plumbing.hub import resolve_checkpoint
             from plumbing.tokenizer import load_tokenizer
 

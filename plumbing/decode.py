@@ -1,13 +1,13 @@
 """
 The decode-time layout of a model on the CPU (sample.py calls matvec_layout before decoding): the same weights,
-packed and transposed, their products of one row through the kernel this machine runs fastest. Only the speed of
+packed and transposed, their products of one or a few rows through the kernel this machine runs fastest. Only the speed of
 a decode step changes (bench/bench_sample.py section 1 times it); the model's own code (model.py) knows nothing of it.
 
 Which kernel is fastest depends on the CPU and its libraries (numpy's OpenBLAS beat torch's MKL on one AMD CPU and
 lost on an Intel one with AMX), so it is measured, not assumed: decode_kernel times the candidates on the model's
 own matrix shapes once per machine (CPU, libraries, threads, shapes) and caches the choice in a JSON file, so that
 one machine decodes one way and one seed gives one result there. The candidates, KERNELS:
-- "numpy": the packed, transposed layout, each one-row product through numpy's BLAS (Matvec);
+- "numpy": the packed, transposed layout, each product of up to FEW_ROWS rows through numpy's BLAS (Matvec);
 - "torch": the same layout, the products through torch's F.linear;
 - "plain": the parameters as loaded, F.linear on each of q, k, v, gate, up apart (no layout at all).
 
@@ -52,10 +52,14 @@ class PackedMLP(recurrent.MLP):
         return self.down_proj(F.silu(gate) * up)
 
 
+FEW_ROWS = 16  # up to this many rows a product is bound by reading W: a decode step, a wave of diffusion.py
+
+
 class Matvec:
     """x W^T + b for decoding on the CPU. One row at a time (a decode step at batch 1) is a matrix-vector product,
-    bound by reading W; with kernel "numpy" it goes through numpy's BLAS, which reads W faster than torch's on some
-    CPUs (decode_kernel measures which). Every other call (more rows, a gradient, autocast, a compiled graph,
+    and a few rows (the positions of diffusion.py's wave, a short prompt) nearly one, bound by reading W; with kernel
+    "numpy" they go through numpy's BLAS, which reads W faster than torch's on some CPUs (decode_kernel measures
+    which). Every other call (more rows, a gradient, autocast, a compiled graph,
     another dtype) goes to F.linear. The numpy array is a view of W's own memory: no copy, and in-place writes to W
     reach it. Plain Python, not a module: nothing in the state dict."""
 
@@ -66,10 +70,11 @@ class Matvec:
 
     def __call__(self, x):
         # is_compiling first: traced by torch.compile, the size test would guard on a symbolic shape
-        if (not torch.compiler.is_compiling() and self.wt is not None and x.numel() == x.shape[-1]
+        if (not torch.compiler.is_compiling() and self.wt is not None and x.numel() <= FEW_ROWS * x.shape[-1]
                 and x.dtype == torch.float32 and not x.requires_grad and not torch.is_grad_enabled()
                 and not torch.is_autocast_enabled("cpu")):
-            y = torch.from_numpy(x.reshape(-1).numpy() @ self.wt)  # (out,)
+            rows = x.reshape(-1, x.shape[-1]).numpy()
+            y = torch.from_numpy(rows[0] @ self.wt if len(rows) == 1 else rows @ self.wt)  # (out,) or (n, out)
             if self.bias is not None:
                 y += self.bias
             return y.view(*x.shape[:-1], -1)
@@ -78,7 +83,7 @@ class Matvec:
 
 def matvec_layout(model, kernel=None):
     """The decode-time weight layout on the CPU, in place: the same values and shapes, other strides, and the products
-    of one row through `kernel` (one of KERNELS; None: decode_kernel's measured choice). A decode step is
+    of up to FEW_ROWS rows through `kernel` (one of KERNELS; None: decode_kernel's measured choice). A decode step is
     matrix-vector work, bound by reading the weights:
     - q, k and v of every attention, and gate and up of every MLP, packed into one matrix each (PackedAttention.qkv,
       PackedMLP.gate_up: the model's modules switched to these subclasses), so a layer runs 4 matmuls instead of 7:
@@ -145,8 +150,8 @@ def machine_key(model):
 
 
 def decode_kernel(model, remeasure=False):
-    """The kernel for this model's one-row products on this machine: {"kernel", "ms" (a token's products per
-    candidate), "cached" (True: read from kernel_cache_path(), no timing)}. Measured by time_kernels the first time a
+    """The kernel for this model's few-row products on this machine: {"kernel", "ms" (a token's products at 1 and
+    at 4 rows, per candidate), "cached" (True: read from kernel_cache_path(), no timing)}. Measured by time_kernels the first time a
     machine key is seen, then read back."""
     path, key = kernel_cache_path(), machine_key(model)
     try:
@@ -165,9 +170,9 @@ def decode_kernel(model, remeasure=False):
     return {**known[key], "cached": False}
 
 
-def time_kernels(model, rounds=15):
-    """ms for one token's one-row products at r = 1 under each kernel, the median of `rounds`, the kernels in turn
-    each round (load from other jobs hits all). Stand-in random weights of the model's shapes, as many layers' worth
+def time_kernels(model, rounds=15, rows=(1, 4)):
+    """ms for one token's products at r = 1 under each kernel, at one row plus at 4 rows (a decode step and a wave
+    of the diffusion sampler), the median of `rounds`, the kernels in turn each round (load from other jobs hits all). Stand-in random weights of the model's shapes, as many layers' worth
     as the model has but not much more than the last-level cache holds twice over (so the weights stream from
     memory, as in decoding, and a 3.5B model does not copy itself); the prelude + core + coda's layers, the head."""
     c = model.config
@@ -179,17 +184,17 @@ def time_kernels(model, rounds=15):
     g = torch.Generator().manual_seed(0)
     plain = [[torch.randn(o, i, generator=g) for o, i in layer] for _ in range(n_layers)]
     head = torch.randn(c.vocab_size, h, generator=g)
-    x = {i: torch.randn(1, 1, i, generator=g) for i in {i for _, i in layer}}
-    runs = {"plain": [(lambda w=w: F.linear(x[w.shape[1]], w)) for ws in plain for w in ws]
-            + [lambda: F.linear(x[h], head)]}
+    x = {(n, i): torch.randn(1, n, i, generator=g) for i in {i for _, i in layer} for n in rows}
+    runs = {"plain": [(lambda w=w, n=n: F.linear(x[n, w.shape[1]], w)) for ws in plain for w in ws for n in rows]
+            + [lambda n=n: F.linear(x[n, h], head) for n in rows]}
     for kernel in ("numpy", "torch"):
         prods = []
         for ws in plain:  # packed q|k|v and gate|up, transposed storage, as matvec_layout lays them out
             for group in (ws[0:3], ws[3:4], ws[4:6], ws[6:7]):
                 m = Matvec(torch.cat(group).t().contiguous().t(), None, kernel)
-                prods.append(lambda m=m: m(x[m.weight.shape[1]]))
+                prods += [lambda m=m, n=n: m(x[n, m.weight.shape[1]]) for n in rows]
         m = Matvec(head.t().contiguous().t(), None, kernel)
-        runs[kernel] = prods + [lambda m=m: m(x[h])]
+        runs[kernel] = prods + [lambda m=m, n=n: m(x[n, h]) for n in rows]
     from threadpoolctl import threadpool_limits
 
     times = {k: [] for k in runs}

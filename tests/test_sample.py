@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from threadpoolctl import threadpool_info
 
 from kv_cache import KVCache
-from plumbing.decode import KERNELS, decode_kernel
+from plumbing.decode import FEW_ROWS, KERNELS, decode_kernel
 from model import RecurrentConfig, RecurrentGPT
 from sample import (EXIT_THRESHOLDS, ZERO_SHOT, CachedForward, ExitRule, context_warning, filter_logits, generate, main,
                     matvec_layout)
@@ -112,8 +112,8 @@ def test_matvec_layout_keeps_values_and_cached_logits(name, kernel):
     assert [c.tokens for c in generate(model, prompts, max_new_tokens=10, num_steps=r)] == [c.tokens for c in plain]
 
 
-def test_matvec_routes_one_row_through_numpy_and_the_rest_through_torch():
-    # a decode step (one row, no grad) goes to numpy's BLAS on a view of the weight's memory; a prefill, a gradient
+def test_matvec_routes_few_rows_through_numpy_and_the_rest_through_torch():
+    # a decode step (one row or a few, no grad) goes to numpy's BLAS on a view of the weight's memory; a prefill, a gradient
     # or autocast goes to F.linear, and the gradient still reaches the Parameter of a Linear whose forward is a Matvec
     model = tiny(**CONFIGS["llama_gqa"], attn_bias=True)  # q/k/v bias (Qwen2.5): the packed product adds it
     matvec_layout(model, "numpy")
@@ -122,12 +122,14 @@ def test_matvec_routes_one_row_through_numpy_and_the_rest_through_torch():
     # numpy's BLAS on one thread: beside torch's spinning OpenMP workers, its own threads made decoding ~10x slower
     blas = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]  # numpy's, and scipy's if loaded
     assert blas and set(blas) == {1}
-    x1, x4 = torch.randn(1, 1, 32), torch.randn(1, 4, 32)
+    x1, x4, many = torch.randn(1, 1, 32), torch.randn(1, 4, 32), torch.randn(1, FEW_ROWS + 1, 32)
     with torch.inference_mode():
         one, four = qkv(x1), qkv(x4)
         assert torch.equal(one[0, 0], torch.from_numpy(x1.reshape(-1).numpy() @ qkv.wt) + qkv.bias)
+        assert torch.equal(four[0], torch.from_numpy(x4[0].numpy() @ qkv.wt) + qkv.bias)  # a few rows: numpy too
         assert (one - F.linear(x1, qkv.weight, qkv.bias)).abs().max() <= 1e-6
-        assert torch.equal(four, F.linear(x4, qkv.weight, qkv.bias))
+        assert (four - F.linear(x4, qkv.weight, qkv.bias)).abs().max() <= 1e-6
+        assert torch.equal(qkv(many), F.linear(many, qkv.weight, qkv.bias))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert model.lm_head(x1).dtype == torch.bfloat16  # F.linear under autocast (numpy would give fp32)
     model.lm_head(x1).sum().backward()  # grad on: F.linear, through the tied Parameter
