@@ -1,5 +1,6 @@
 """
-The diffusion-forcing sampler of a recurrent-depth model: decoding "diagonally", many positions a few loops each per
+The diffusion-forcing sampler of a recurrent-depth model (the nanorecur remote code runs this file too, as
+generate(..., sampler="diffusion")): decoding "diagonally", many positions a few loops each per
 forward pass, instead of one position all r loops (Geiping, Yang and Su 2025, "Efficient Parallel Samplers for
 Recurrent-Depth Models and Their Connection to Diffusion Language Models", arXiv 2510.14961; the model is McLeish
 et al. 2025, arXiv 2511.07384, on Huginn-0125, arXiv 2502.05171).

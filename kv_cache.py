@@ -1,6 +1,7 @@
 """
-The decoder of a recurrent-depth model: its KV cache, one entry per (layer, loop), and the cached forward pass that
-reads and writes it (Geiping et al. 2025, arXiv 2502.05171, §6; the model is McLeish et al. 2025, arXiv 2511.07384).
+The decoder of a recurrent-depth model (the nanorecur remote code runs this file too): its KV cache, one entry per
+(layer, loop), and the cached forward pass that reads and writes it (Geiping et al. 2025, arXiv 2502.05171, §6; the
+model is McLeish et al. 2025, arXiv 2511.07384).
 
 A looped core runs every layer r times per token, so a cache keeps r entries per core layer and position. Huginn's
 "KV-cache sharing" caps that at a budget of N slots per core layer: loop i writes slot i mod N, so memory stops
