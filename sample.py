@@ -14,7 +14,13 @@ EOS, batched prompts with left padding):
   every row has exited (or at r);
 - warm start ("continuous CoT"): the next token starts from the last token's final state;
 - self-speculative decoding: draft a few tokens with few loops, verify them in one pass at r loops
-  and keep the agreeing prefix (--draft_r; greedy only).
+  and keep the agreeing prefix (--draft_r; greedy only);
+- the diffusion-forcing sampler (--sampler diffusion, diffusion.py; arXiv 2510.14961): a wave of positions
+  refined in parallel, --loops_per_pass loops each per pass, --headway new positions a pass, frozen after
+  --freeze_loops loops (default r) or once --exit latent-diff says the state stopped moving. It combines with
+  --r, --max_new_tokens, --temperature/--top_k/--top_p, --seed, --kv_budget, --exit latent-diff and
+  --exit_threshold, the prompt options (one prompt at a time), --chat, --bos, --device, --autocast, --threads;
+  it refuses the other --exit criteria, --exit_min_loops, --warm_start, --draft_r, --cache false and --compile.
 
 Every mode decodes through kv_cache.py's CachedForward, the one loop over the recurrent core besides
 model.forward; without a cache it is the plain forward pass, the reference the cache must match
@@ -26,6 +32,7 @@ Standard output carries only the generated text; the configuration and statistic
     python sample.py --init=smollm2 --r 1 --chat --prompt "What is 2+3?" --temperature 0   # CPU, offline
     python sample.py --r 32 --exit=kl --kv_budget=4 --warm_start --prompt FILE:prompts.txt
     python sample.py --r 8 --draft_r=2 --temperature 0 --prompt "1, 2, 3,"
+    python sample.py --r 32 --sampler diffusion --loops_per_pass 4 --headway 2 --temperature 0 --prompt "The"
 """
 
 import argparse
@@ -368,6 +375,8 @@ def parse_args(argv=None):
     if args.top_p is not None and not 0 < args.top_p <= 1:
         p.error(f"--top_p {args.top_p} must be in (0, 1]")
     if args.sampler == "diffusion":  # what the flags alone decide, before the model loads
+        if args.compile:
+            p.error("--compile with --sampler diffusion would recompile the blocks for every wave size: leave it off")
         try:
             diffusion_conflicts(args.exit, args.exit_min_loops, args.warm_start, args.draft_r, args.cache)
             threshold = (args.exit_threshold or EXIT_THRESHOLDS["latent-diff"]) if args.exit else None

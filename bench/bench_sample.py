@@ -3,18 +3,24 @@ Benchmarks of sample.py's inference features (Geiping et al. 2025, arXiv 2502.05
 offline SmolLM2-135M-Instruct and, when given, a depth-task model trained by train.py:
 
 1. decode tokens/s with our KV cache vs transformers' generate on the same weights at r=1
-   (load_model keeps all 30 layers with the identity adapter, so r=1 is the parent itself): with
-   sample.matvec_layout (what sample.py runs), with that layout but torch's products instead of numpy's BLAS,
-   and with the parameters as loaded, timed in turn (wall and CPU time) so that load from other jobs hits all,
+   (load_model keeps all 30 layers with the identity adapter, so r=1 is the parent itself): under each decode
+   kernel of plumbing/decode.py (numpy's BLAS, torch's, the parameters as loaded; the one this machine measured
+   fastest is what sample.py runs), timed in turn (wall and CPU time) so that load from other jobs hits all,
    beside the same weights' matrix-vector products alone (the ceiling of any decoder on these kernels);
 2. per-token decode cost as r grows on a (4,6,4) retrofit: P + r R + C layers, so it should be linear;
 3. adaptive exit vs fixed r on the S3 depth task: accuracy and mean loops per token (--depth_ckpt; with a
    learned exit gate, exit_gate.py, at --gate_threshold too);
 4. KV memory and speed with a KV budget (slot i mod N) vs the full cache, and how many greedy
-   tokens still agree with the full cache.
+   tokens still agree with the full cache;
+5. the diffusion-forcing sampler (diffusion.py, arXiv 2510.14961) against sequential decoding and --exit kl at
+   r = 8, 16, 32, batch 1: tokens/s at 1 and 2 threads on the (4,6,4) cut, then quality where loops matter, the
+   depth task's chains (--cot_ckpt: accuracy) and text continuations (--text_ckpt: tokens equal to sequential's,
+   NLL of each output under the sequential model), and the speed-quality frontier as a PNG (--plot).
 Figures go to standard error, one table per section.
 
-    python bench/bench_sample.py                                   # sections 1, 2, 4 (~6 min, 1 CPU thread)
+    python bench/bench_sample.py --sections 1,2,4                  # ~6 min, 1 CPU thread
+    python bench/bench_sample.py --sections 5 --cot_ckpt out/depth_cot_loop --text_ckpt out/smollm2_464_healed
+    python bench/bench_sample.py --smoke                           # every section on tiny random models, seconds
     python data/depth/prepare.py --out_dir data/depth && python train.py --config config/cpu_depth.json
     python bench/bench_sample.py --depth_ckpt out/depth --sections 3  # ~1 min
 Section 3 decodes teacher-forced, one position per step, so that the exit is per token; in a batch,
@@ -295,12 +301,15 @@ def section_budget(args, ids):
 
 def decoders(args):
     """name -> generate() keywords: sequential decoding at r, --exit kl at r, and the diffusion sampler with its
-    loop budget r alone (fixed) and with latent-diff at each of args.thresholds."""
-    d = {"sequential": {}, "exit kl": dict(exit_criterion="kl"),
-         "diffusion": dict(sampler="diffusion", loops_per_pass=args.loops_per_pass)}
+    loop budget r alone (fixed) at each of args.headways, and with latent-diff at each of args.thresholds at the
+    last headway. A pass freezes `headway` tokens on average (as many join the wave): h1, h2, ... in the names."""
+    d = {"sequential": {}, "exit kl": dict(exit_criterion="kl")}
+    diff = lambda h, **kw: dict(sampler="diffusion", loops_per_pass=args.loops_per_pass, headway=h, **kw)
+    for h in args.headways:
+        d[f"diffusion h{h}"] = diff(h)
     for t in args.thresholds:
-        d[f"diffusion ld {t:g}"] = dict(sampler="diffusion", loops_per_pass=args.loops_per_pass,
-                                        exit_criterion="latent-diff", exit_threshold=t)
+        d[f"diffusion h{args.headways[-1]} ld {t:g}"] = diff(args.headways[-1], exit_criterion="latent-diff",
+                                                               exit_threshold=t)
     return d
 
 
@@ -437,7 +446,7 @@ def frontier_plot(args, results):
             if y in got:
                 ax.scatter(got[x], got[y])
                 ax.annotate(name, (got[x], got[y]), fontsize=7)
-        ax.set(xlabel="tokens/s (batch 1)", ylabel=label, title=f"r = {r}, latent-diff thresholds {args.thresholds}")
+        ax.set(xlabel="tokens/s (batch 1)", ylabel=label, title=f"r = {r}: decoders, headways, latent-diff thresholds")
     os.makedirs(os.path.dirname(os.path.abspath(args.plot)), exist_ok=True)
     path = save_figures([(fig, os.path.basename(args.plot))], os.path.dirname(os.path.abspath(args.plot)))[0]
     log(f"   frontier: {path}")
@@ -476,7 +485,7 @@ def smoke_setup(args, tmp):
                                      adapter_init="random")).save_pretrained(f"{tmp}/{name}_ckpt")
     vars(args).update(parent=f"{tmp}/parent", n_new=4, repeats=1, r=[1, 2], budget_r=4, depth_ckpt=f"{tmp}/depth_ckpt",
                       depth_data=f"{tmp}/depth", depth_rows=8, depth_r=4, batch_size=8, diffusion_r=[4],
-                      diffusion_threads=[1], loops_per_pass=2, thresholds=[0.03], cot_ckpt=f"{tmp}/cot_ckpt",
+                      diffusion_threads=[1], loops_per_pass=2, thresholds=[0.03], headways=[1, 2], cot_ckpt=f"{tmp}/cot_ckpt",
                       cot_data=f"{tmp}/cot", cot_rows=4, text_ckpt=f"{tmp}/depth_ckpt", text_data=f"{tmp}/depth",
                       text_prompts=3, text_prompt=6, text_new=4, plot=f"{tmp}/frontier.png")
 
@@ -500,7 +509,9 @@ def main(argv=None):
     p.add_argument("--diffusion_r", default="8,16,32", help="section 5: the r values")
     p.add_argument("--diffusion_threads", default="1,2", help="section 5: thread counts of the speed table")
     p.add_argument("--loops_per_pass", type=int, default=4, help="section 5: the diffusion sampler's loops per pass")
-    p.add_argument("--thresholds", default="0.01,0.03,0.1", help="section 5: latent-diff freeze thresholds")
+    p.add_argument("--headways", default="1,2,4", help="section 5: the diffusion sampler's headways")
+    p.add_argument("--thresholds", default="0.03,0.1", help="section 5: latent-diff freeze thresholds (at the "
+                   "last headway)")
     p.add_argument("--cot_ckpt", default=None, help="section 5: a looped model trained on data/depth/prepare.py --cot")
     p.add_argument("--cot_data", default="data/depth_cot", help="section 5: its data dir")
     p.add_argument("--cot_rows", type=int, default=50, help="section 5: dev rows (each at depths 1..train depth)")
@@ -523,6 +534,7 @@ def main(argv=None):
     args.diffusion_r = [int(x) for x in args.diffusion_r.split(",")]
     args.diffusion_threads = [int(x) for x in args.diffusion_threads.split(",")]
     args.thresholds = [float(x) for x in args.thresholds.split(",")]
+    args.headways = [int(x) for x in args.headways.split(",")]
     sections = {int(x) for x in args.sections.split(",")}
     if args.parent == "random" and sections != {5}:
         p.error("--parent random has random weights for section 5's speed table only: add --sections 5")

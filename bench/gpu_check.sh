@@ -19,7 +19,7 @@ export PYTHONUNBUFFERED=1
 if [ $SMOKE = 1 ]; then
   GPU=(--smoke --only train,decode --new_tokens 4 --compile off)
   SAMPLER=(--parent random --random_shape tiny --device cpu --diffusion_r 4 --diffusion_threads 1 --n_new 4
-           --repeats 1 --loops_per_pass 2 --thresholds 0.03)
+           --repeats 1 --loops_per_pass 2 --thresholds 0.03 --headways 1,2)
 else
   GPU=(--compile off --steps 2 --warmup 1 --new_tokens 64 --repeats 1)
   SAMPLER=(--parent random --device cuda --diffusion_r 8,16,32 --diffusion_threads 1 --n_new 48 --repeats 2)

@@ -52,7 +52,7 @@ class PackedMLP(recurrent.MLP):
         return self.down_proj(F.silu(gate) * up)
 
 
-FEW_ROWS = 16  # up to this many rows a product is bound by reading W: a decode step, a wave of diffusion.py
+FEW_ROWS = 64  # up to this many rows a product is nearly bound by reading W: a decode step, diffusion.py's wave
 
 
 class Matvec:

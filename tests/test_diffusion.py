@@ -121,6 +121,7 @@ def test_reference_sampler_tokens_on_the_fixture():
     (["--loops_per_pass", "8", "--r", "4"], "loops_per_pass 8 is more than r = 4"),
     (["--freeze_loops", "0", "--wavefront", "1", "--exit", "latent-diff"], "wavefront of one"),
     (["--freeze_loops", "0"], "needs a way to freeze"),
+    (["--compile"], "--compile"),
 ])
 def test_refused_combinations_in_one_line(capsys, flags, says):
     """Refused by the flags alone, before the model loads (the checkpoint does not exist)."""
