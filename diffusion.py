@@ -80,9 +80,9 @@ def generate_diffusion(model, prompt, *, max_new_tokens, r, pick, loops_per_pass
                          "checkpoint has none; load it with state_init 'zero' or 'normal'")
     w = model.embed_tokens.weight
     L = len(prompt)
-    max_len = L + max_new_tokens + wavefront + headway  # the wave starts before the last frozen token + 1
-    cache = KVCache(model.config, 1, max_len, min(kv_budget or r, r), w.device, w.dtype)
-    fwd = CachedForward(model, [0], max_len, r, cache, generator=generator)
+    end = L + max_new_tokens  # the positions of the output are L .. end - 1 (the first is the prefill's guess)
+    cache = KVCache(model.config, 1, end, min(kv_budget or r, r), w.device, w.dtype)
+    fwd = CachedForward(model, [0], end, r, cache, generator=generator)
     fresh = lambda n: model.init_state(torch.zeros(1, n, model.config.n_embd, device=w.device, dtype=w.dtype),
                                        generator)  # s_0 of n new positions (1, n, h)
     stats = {} if stats is None else stats
@@ -107,8 +107,9 @@ def generate_diffusion(model, prompt, *, max_new_tokens, r, pick, loops_per_pass
                 moved = exit_value("latent-diff", prev[0].float(), s[0].float())  # (S,)
             # 2. the guesses become the inputs after toks[0]; headway new positions join, the wave capped
             S = len(toks)
-            toks = (toks[:1] + guess[:S - 1] + [guess[S - 1]] * headway)[:wavefront]
-            s, ran = torch.cat([s, fresh(headway)], dim=1)[:, :wavefront], (ran + [0] * headway)[:wavefront]
+            cap = min(wavefront, end - a)  # nothing past the last new token's position feeds the output
+            toks = (toks[:1] + guess[:S - 1] + [guess[S - 1]] * headway)[:cap]
+            s, ran = torch.cat([s, fresh(headway)], dim=1)[:, :cap], (ran + [0] * headway)[:cap]
             # 3. freeze the first f positions of the wave, and the f tokens after them
             f = 0
             if threshold is not None and bool((moved < threshold).any()):
