@@ -50,10 +50,12 @@ def test_recipe_costs():
     assert "|" in bench("bench/recipe_costs.py")
 
 
+@pytest.mark.slow
 def test_bench_retrofit_depth_smoke():
     bench("bench/bench_retrofit_depth.py", "--shapes", "1,1,1", "--batch", "4", "--repeat", "1")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (SHARED / "data" / "gsm8k").exists(), reason="needs ../shared/data/gsm8k")
 def test_bench_eval_smoke():
     bench("bench/bench_eval.py", "--batch", "2", "--r", "1", "--max_new_tokens", "2", "--shape", "1,1,1",
