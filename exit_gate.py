@@ -1,5 +1,6 @@
 """
-When a token stops looping (adaptive depth): Huginn's zero-shot exit criteria and a learned exit gate.
+When a token stops looping (adaptive depth): Huginn's zero-shot exit criteria and a learned exit gate (the
+nanorecur remote code runs this file too: diffusion.py's latent-diff, beside every checkpoint).
 
 Zero-shot (Huginn-0125, Geiping et al. 2025, arXiv 2502.05171, §6.1): a token exits once two consecutive loops
 agree, by its state (latent-diff ||s_i - s_{i-1}|| / ||s_i||, cosine 1 - cos(s_i, s_{i-1})) or by the readout
@@ -44,7 +45,10 @@ Test: python -m pytest -q tests/test_exit_gate.py tests/test_exit_sweep.py
 import torch
 import torch.nn.functional as F
 
-from model import IGNORE_INDEX, ExitGate  # the gate is a module of the model; its training objective is here
+try:  # the gate is a module of the model; its training objective is here
+    from model import IGNORE_INDEX, ExitGate
+except ImportError:  # in a checkpoint directory, where transformers imports these files as one package
+    from .model import IGNORE_INDEX, ExitGate
 
 # Huginn's defaults; argmax counts loops, the rest are "value below threshold". The paper's
 # figure uses 5e-4 for kl; its code defaults to 1e-3. gate: a learned exit gate's probability (below),

@@ -91,7 +91,7 @@ def attend(q, k, v, mask=None):
 
 def attend_cached(q, k, v, mask, cache, key):
     """attend() over the past too: k, v of the new positions go into the KV cache at key = (part, layer, loop)
-    (sample.py's cache), which hands back every position's. Left eager under --compile (plumbing/device.py
+    (kv_cache.py), which hands back every position's. Left eager under --compile (plumbing/device.py
     compile_blocks): the cache's positions change every token, and traced each would be a recompile."""
     k, v = cache.update(key, k, v)  # (B, nkv, S, hd) with the past prepended
     return attend(q, k, v, mask)
@@ -375,7 +375,7 @@ class RecurrentGPT(nn.Module):
         else:
             self.adapter.reset_parameters()
 
-    # --- the pieces of the forward pass (forward composes them; so does sample.py's CachedForward)
+    # --- the pieces of the forward pass (forward composes them; so does kv_cache.py's CachedForward)
 
     def rope(self, position_ids):
         """(cos, sin), each (B or 1, 1, T, hd) to broadcast over the heads, for integer positions (B, T) or (T,):
@@ -448,7 +448,7 @@ class RecurrentGPT(nn.Module):
 
     def forward(self, idx, targets=None, num_steps=None, *, seeds=None, depths=None, depth_weight=0.0,
                 labeled_only=False, return_states=False, return_loop_logits=False):
-        """The one forward of training, evaluation and analysis; sample.py's CachedForward, the decoder with a
+        """The one forward of training, evaluation and analysis; kv_cache.py's CachedForward, the decoder with a
         KV cache, is the one other loop. idx, targets (B, T); num_steps: the loops r, or a pair (no-grad loops,
         grad loops) (split_loops; the name num_steps is Huginn's, kept for its remote code and lm-eval).
         Returns (logits (B, T, V), loss), or a Trajectory when return_states / return_loop_logits ask for

@@ -5,7 +5,7 @@ arXiv 2502.05171, §6; the model is McLeish et al. 2025, arXiv 2511.07384).
 Every generated token runs the prelude once, the recurrent core r times and the coda once, so a
 decode step costs P + r R + C layers. On top of plain sampling (temperature, top-k, top-p, stop at
 EOS, batched prompts with left padding):
-- a KV cache with one entry per (layer, loop), prefill then one token per step (plumbing/kv_cache.py);
+- a KV cache with one entry per (layer, loop), prefill then one token per step (kv_cache.py);
 - KV-cache sharing: a budget of N slots per core layer, loop i uses slot i mod N (--kv_budget);
 - adaptive exit per token: stop looping once the state or the prediction stops moving (--exit, exit_gate.py):
   kl, entropy-diff, latent-diff, cosine or argmax, with Huginn's default thresholds, or a learned gate; later tokens
@@ -14,14 +14,17 @@ EOS, batched prompts with left padding):
   every row has exited (or at r);
 - warm start ("continuous CoT"): the next token starts from the last token's final state;
 - self-speculative decoding: draft a few tokens with few loops, verify them in one pass at r loops
-  and keep the agreeing prefix (--draft_r; greedy only).
+  and keep the agreeing prefix (--draft_r; greedy only);
+- the diffusion-forcing sampler (--sampler diffusion, diffusion.py; arXiv 2510.14961): a wave of positions
+  refined in parallel, --loops_per_pass loops each per pass, --headway new positions a pass, frozen after
+  --freeze_loops loops (default r) or once --exit latent-diff says the state stopped moving. It combines with
+  --r, --max_new_tokens, --temperature/--top_k/--top_p, --seed, --kv_budget, --exit latent-diff and
+  --exit_threshold, the prompt options (one prompt at a time), --chat, --bos, --device, --autocast, --threads;
+  it refuses the other --exit criteria, --exit_min_loops, --warm_start, --draft_r, --cache false and --compile.
 
-CachedForward.run is the one loop over the recurrent core besides model.forward. It drives the
-model's pieces (run_prelude, init_state, iterate, readout) itself because decoding needs three things
-one forward call does not do: write each new token's keys and values into the cache at its position,
-let each row of a batch exit the loop on its own (exited rows stop writing), and break out of the loop
-once every row has exited. Without a cache it is the plain forward pass, the reference the cache must
-match (tests/test_sample.py).
+Every mode decodes through kv_cache.py's CachedForward, the one loop over the recurrent core besides
+model.forward; without a cache it is the plain forward pass, the reference the cache must match
+(tests/test_sample.py).
 
 Standard output carries only the generated text; the configuration and statistics go to stderr.
 
@@ -29,6 +32,7 @@ Standard output carries only the generated text; the configuration and statistic
     python sample.py --init=smollm2 --r 1 --chat --prompt "What is 2+3?" --temperature 0   # CPU, offline
     python sample.py --r 32 --exit=kl --kv_budget=4 --warm_start --prompt FILE:prompts.txt
     python sample.py --r 8 --draft_r=2 --temperature 0 --prompt "1, 2, 3,"
+    python sample.py --r 32 --sampler diffusion --loops_per_pass 4 --headway 2 --temperature 0 --prompt "The"
 """
 
 import argparse
@@ -41,11 +45,25 @@ from typing import Callable
 import torch
 
 from exit_gate import EXIT_THRESHOLDS, ZERO_SHOT, ExitRule  # adaptive exit: its criteria and the learned gate
+from diffusion import check_diffusion, generate_diffusion  # the parallel sampler (--sampler diffusion)
+from kv_cache import CachedForward, KVCache  # the decoder: its KV cache and the cached forward pass
 from plumbing.cli import THREADS_HELP, Parser, at_least, default_threads, str2bool
-from plumbing.decode import matvec_layout
+from plumbing.decode import decode_kernel, kernel_cache_path, matvec_layout
 from plumbing.device import AUTOCAST, autocast_context, compile_blocks
-from plumbing.kv_cache import KVCache, WriteRows
 from plumbing.tokenizer import prompt_ids, stop_ids
+
+SAMPLERS = ("sequential", "diffusion")
+
+
+def diffusion_conflicts(exit_criterion, exit_min_loops, warm_start, draft_r, cache):
+    """The options the diffusion sampler refuses, as one ValueError (none: returns)."""
+    bad = [name for name, on in (("exit other than latent-diff", exit_criterion not in (None, "latent-diff")),
+                                 ("exit_min_loops", exit_min_loops != 1), ("warm_start", warm_start),
+                                 ("draft_r", draft_r is not None), ("cache off", not cache)) if on]
+    if bad:
+        raise ValueError(f"the diffusion sampler cannot combine with {', '.join(bad)}: its wave carries each "
+                         "position's state itself and freezes by a loop budget or by latent-diff")
+
 
 @dataclass
 class Completion:
@@ -72,6 +90,11 @@ class DecodeOptions:
     draft_r: int | None = None  # self-speculative decoding: draft with this many loops
     draft_k: int = 4  # tokens drafted per verify pass
     stop: Callable | None = None  # (row, new tokens so far) -> True ends the row as EOS would
+    sampler: str = "sequential"  # sequential | diffusion (diffusion.py: many positions a few loops per pass)
+    loops_per_pass: int = 4  # diffusion: core loops each position of the wave runs per forward pass
+    wavefront: int = 128  # diffusion: positions refined at once, at most
+    headway: int = 1  # diffusion: new positions joining the wave per pass
+    freeze_loops: int | None = -1  # diffusion: loops after which a position freezes (-1: r; None: no budget)
 
     def check(self, c, prompts):
         """Every bad combination as one ValueError, before the model runs (c: the model's config)."""
@@ -98,6 +121,12 @@ class DecodeOptions:
         if not self.cache and (self.kv_budget or self.exit_criterion or self.warm_start or self.draft_r):
             raise ValueError("cache=False recomputes every position at fixed r: it cannot combine with "
                              "kv_budget, exit, warm_start or draft_r")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"unknown sampler {self.sampler!r}: choose from {', '.join(SAMPLERS)}")
+        if self.sampler == "diffusion":
+            diffusion_conflicts(self.exit_criterion, self.exit_min_loops, self.warm_start, self.draft_r, self.cache)
+            check_diffusion(self.r, self.loops_per_pass, self.wavefront, self.headway,
+                            self.r if self.freeze_loops == -1 else self.freeze_loops, self.diffusion_threshold())
         if self.draft_r is not None:
             if self.draft_r < 1 or self.draft_k < 1:
                 raise ValueError(f"draft_r and draft_k must be >= 1, got {self.draft_r} and {self.draft_k}")
@@ -107,110 +136,11 @@ class DecodeOptions:
             if self.stop is not None:
                 raise ValueError("stop= is not supported with draft_r (self-speculative decoding)")
 
-
-# -----------------------------------------------------------------------------
-# the cached forward pass: prefill, decode steps and verify passes over a (B, T) block of new tokens
-
-
-class CachedForward:
-    """Runs the model's pieces (run_prelude, init_state, iterate, readout) over new tokens at position
-    self.pos, reading and writing the KV cache, with left padding: row b has pads[b] pad tokens first,
-    its real positions start at 0 and no real token attends to a pad. cache=None recomputes (the
-    caller passes the whole sequence). Not an nn.Module: it holds the decoding state, not weights."""
-
-    def __init__(self, model, pads, max_len, r, cache=None, exit_rule=None, warm_start=False, generator=None):
-        self.model, self.r, self.cache = model, r, cache
-        self.exit_rule, self.warm_start, self.generator = exit_rule, warm_start, generator
-        device = model.embed_tokens.weight.device
-        self.pads = torch.tensor(pads, device=device)
-        self.has_pad = any(p > 0 for p in pads)
-        self.key_valid = torch.arange(max_len, device=device)[None] >= self.pads[:, None]  # (B, S)
-        self.pos = 0  # positions already in the cache
-        self.warm = None  # (B, 1, h) final state of the last token, for warm start
-
-    def _mask(self, T):
-        # None lets attention use its causal default: right when nothing is padded and either the
-        # block starts at 0 (T == S) or it is one token that may see everything
-        if not self.has_pad and (T == 1 or self.pos == 0):
+    def diffusion_threshold(self):
+        """The diffusion sampler's latent-diff freeze threshold (None: off), --exit latent-diff's."""
+        if self.exit_criterion != "latent-diff":
             return None
-        S, dev = self.pos + T, self.pads.device
-        q = torch.arange(self.pos, S, device=dev)[:, None]
-        j = torch.arange(S, device=dev)[None]
-        allowed = self.key_valid[:, None, :S] & (j <= q)  # (B, T, S)
-        return (allowed | (j == q))[:, None]  # a pad query sees itself: no empty softmax row (NaN)
-
-    def run(self, idx, num_loops=None, adaptive=False, last_only=False):
-        """idx (B, T) new tokens -> logits (B, T, V), loops (B,). num_loops: this pass's r (default
-        self.r). adaptive (T == 1 only) applies the exit rule per row: exited rows keep their state,
-        stop writing the cache and leave the batch (_exit_loops). last_only: logits (B, 1, V) of the last
-        position only (a prefill): the head, a 49k-vocabulary matmul for the parents, skips the rest
-        (B x T x V fp32 logits are 2 GB for 32 GSM8K prompts)."""
-        m, cache = self.model, self.cache
-        B, T = idx.shape
-        r = self.r if num_loops is None else num_loops
-        if adaptive and (T != 1 or cache is None or self.exit_rule is None):
-            raise ValueError("adaptive exit runs one token per step, with a KV cache and an exit rule")
-        pos_ids = (torch.arange(self.pos, self.pos + T, device=idx.device)[None] - self.pads[:, None]).clamp_min(0)
-        rope, mask = m.rope(pos_ids), self._mask(T)
-        if cache is not None:
-            cache.start(self.pos, T, r)
-        e = m.run_prelude(idx, rope, mask, cache)  # (B, T, h)
-        if self.warm_start and self.warm is not None and T == 1:
-            s = self.warm  # continuous CoT: start where the last token ended
-        else:
-            s = m.init_state(e, self.generator)
-        loops = torch.full((B,), r, dtype=torch.long)
-        rule, logits = (self.exit_rule if adaptive else None), None
-        if rule is None:
-            for i in range(r):
-                s = m.iterate(s, e, rope, i, mask, cache)
-        else:  # Huginn §6.1, per row: a row that converged stops looping and writing; the rest go on
-            s, logits = self._exit_loops(s, e, rope, mask, r, loops)
-        if logits is None:
-            last = None
-            if last_only and T > 1:
-                last = torch.zeros(B, T, dtype=torch.bool, device=idx.device)
-                last[:, -1] = True
-            logits = m.readout(s, rope, mask, cache, positions=last)  # (B, T, V), or (B, V) at last
-            logits = logits if last is None else logits.view(B, 1, -1)
-        self.warm = s[:, -1:]
-        if cache is not None:
-            self.pos += T
-        return logits, loops
-
-    def _exit_loops(self, s, e, rope, mask, r, loops):
-        """The loops of an adaptive step. After every loop the rows that converged leave the batch: the
-        next loop runs on the n rows still looping only (their state, e, rotary and mask gathered; the cache
-        writes and returns theirs only), so a step costs the loops its rows ran, not B times the slowest
-        row's. Fills loops (B,) in place; returns every row's final state (B, 1, h) and, when the rule
-        reads out after every loop, each row's logits of its last loop (B, 1, V), else None."""
-        m, cache, rule, B = self.model, self.cache, self.exit_rule, s.shape[0]
-        rule.reset()
-        rows = torch.arange(B, device=s.device)  # the rows still looping
-        out, lg = s.clone(), None
-        out_logits = torch.empty(B, 1, m.config.vocab_size, device=s.device) if rule.needs_readout else None
-        for i in range(r):
-            view = cache if len(rows) == B else WriteRows(cache, rows)  # all rows: the plain cache, no gather
-            s_new = m.iterate(s, e, rope, i, mask, view)  # (n, 1, h)
-            lg = m.readout(s_new, rope, mask, view) if rule.needs_readout else None
-            done = rule.converged(i, s, s_new, lg)  # (n,) bool
-            s = s_new
-            if i + 1 < r and bool(done.any()):
-                gone, keep = rows[done], ~done
-                out[gone] = s[done]
-                if lg is not None:
-                    out_logits[gone], lg = lg[done], lg[keep]
-                loops[gone.cpu()] = i + 1
-                cache.mark_exited(gone, i + 1)
-                rule.keep(keep)
-                rows, s, e = rows[keep], s[keep], e[keep]
-                rope, mask = tuple(t[keep] for t in rope), None if mask is None else mask[keep]
-                if len(rows) == 0:
-                    break
-        out[rows] = s
-        if lg is not None:
-            out_logits[rows] = lg
-        return out, out_logits
+        return EXIT_THRESHOLDS["latent-diff"] if self.exit_threshold is None else self.exit_threshold
 
 
 def sample_next(logits, temperature=0.0, top_k=None, top_p=None, generator=None):
@@ -247,7 +177,8 @@ def generate(model, prompts, *, max_new_tokens, num_steps, eos_id=None, seed=Non
     summed over the batch's rows (finished rows included: they stay in the batch), against loops_run_max,
     steps x rows x r (what a fixed r runs; adaptive exit lowers the first). options: the other fields of
     DecodeOptions (temperature, top_k, top_p, cache, kv_budget, exit_criterion, exit_threshold,
-    exit_min_loops, warm_start, draft_r, draft_k, stop), with their defaults there; an unknown one is a
+    exit_min_loops, warm_start, draft_r, draft_k, stop, sampler, loops_per_pass, wavefront, headway, freeze_loops),
+    with their defaults there; an unknown one is a
     TypeError. stop: a callable(row, tokens) -> bool, asked after every new token of a row (its new
     tokens so far); True ends that row as EOS would (stop strings).
     Returns one Completion per prompt."""
@@ -267,6 +198,8 @@ def generate(model, prompts, *, max_new_tokens, num_steps, eos_id=None, seed=Non
         with torch.inference_mode():
             if opt.draft_r is not None:
                 return [_speculative(model, p, opt, gen, stats) for p in prompts]
+            if opt.sampler == "diffusion":
+                return [_diffusion(model, p, opt, gen, stats) for p in prompts]
             return _batch(model, prompts, opt, gen, stats)
     finally:
         model.train(was_training)
@@ -373,6 +306,25 @@ def _speculative(model, prompt, opt, gen, stats):
     return Completion(out, [r] * len(out))
 
 
+def _diffusion(model, prompt, opt, gen, stats):
+    """One prompt through diffusion.py's sampler (batch 1: each prompt its own wave), its counts added to stats."""
+    st = {}
+    pick = lambda logits: sample_next(logits, opt.temperature, opt.top_k, opt.top_p, gen)
+    tokens, loops = generate_diffusion(model, prompt, max_new_tokens=opt.max_new_tokens, r=opt.r, pick=pick,
+                                       loops_per_pass=opt.loops_per_pass, wavefront=opt.wavefront,
+                                       headway=opt.headway, freeze_loops=opt.freeze_loops,
+                                       threshold=opt.diffusion_threshold(), eos=opt.eos, stop=opt.stop,
+                                       kv_budget=opt.kv_budget, generator=gen, stats=st)
+    stats["prefill_s"] += st["prefill_s"]
+    stats["decode_s"] += st["decode_s"]
+    stats["decode_tokens"] += len(tokens) - 1  # the first new token is the prefill's
+    stats["decode_loops"] += sum(loops)
+    stats["kv_bytes"] = max(stats["kv_bytes"], st["kv_bytes"])
+    for k in ("passes", "wave_positions", "loops_run"):
+        stats[k] = stats.get(k, 0) + st[k]
+    return Completion(tokens, loops)
+
+
 # -----------------------------------------------------------------------------
 # command line
 
@@ -398,6 +350,13 @@ def parse_args(argv=None):
     p.add_argument("--warm_start", **flag, help="start each token's state from the last token's final state")
     p.add_argument("--draft_r", type=int, default=None, help="self-speculative: draft with this many loops")
     p.add_argument("--draft_k", type=int, default=4, help="tokens drafted per verify pass")
+    p.add_argument("--sampler", default="sequential", choices=SAMPLERS, help="sequential: a token at a time, r loops "
+                   "each; diffusion: a wave of positions, --loops_per_pass loops each per pass (diffusion.py)")
+    p.add_argument("--loops_per_pass", type=int, default=4, help="diffusion: loops each wave position runs per pass")
+    p.add_argument("--wavefront", type=int, default=128, help="diffusion: positions refined at once, at most")
+    p.add_argument("--headway", type=int, default=1, help="diffusion: new positions joining the wave per pass")
+    p.add_argument("--freeze_loops", type=int, default=None, help="diffusion: loops after which a position freezes "
+                   "(default r; 0: none, --exit latent-diff alone freezes)")
     p.add_argument("--chat", **flag, help="wrap each prompt in the parent's chat template")
     p.add_argument("--bos", type=str2bool, default=True, help="start plain prompts with the parent's document separator (BOS or <|endoftext|>)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1")
@@ -408,12 +367,24 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     try:  # before the model loads: each wrong flag by name
         at_least(args, 0, "temperature", "exit_threshold")
+        at_least(args, 0, "freeze_loops")
         at_least(args, 1, "r", "max_new_tokens", "num_samples", "top_k", "kv_budget", "exit_min_loops", "draft_r", "draft_k",
-                 "threads")
+                 "threads", "loops_per_pass", "wavefront", "headway")
     except ValueError as err:
         p.error(str(err))
     if args.top_p is not None and not 0 < args.top_p <= 1:
         p.error(f"--top_p {args.top_p} must be in (0, 1]")
+    if args.sampler == "diffusion":  # what the flags alone decide, before the model loads
+        if args.compile:
+            p.error("--compile with --sampler diffusion would recompile the blocks for every wave size: leave it off")
+        try:
+            diffusion_conflicts(args.exit, args.exit_min_loops, args.warm_start, args.draft_r, args.cache)
+            threshold = (args.exit_threshold or EXIT_THRESHOLDS["latent-diff"]) if args.exit else None
+            freeze = {None: args.r, 0: None}.get(args.freeze_loops, args.freeze_loops)
+            check_diffusion(args.r or args.loops_per_pass, args.loops_per_pass, args.wavefront, args.headway,
+                            freeze if args.r or args.freeze_loops is not None else args.loops_per_pass, threshold)
+        except ValueError as err:
+            p.error(str(err))
     return args
 
 
@@ -448,8 +419,12 @@ def main(argv=None):
     try:
         prompts = read_prompts(args) * args.num_samples
         model, tok_path = load_model(args.init, device=args.device)
-        if model.embed_tokens.weight.device.type == "cpu":
-            matvec_layout(model)
+        if model.embed_tokens.weight.device.type == "cpu":  # the few-row product kernel this CPU runs fastest
+            choice = decode_kernel(model)
+            times = ", ".join(f"{k} {v:.2f}" for k, v in choice["ms"].items())
+            print(f"decode kernel: {choice['kernel']} ({'cached' if choice['cached'] else 'measured'}: ms for a "
+                  f"token's products at r = 1 at 1 and 4 rows: {times}; {kernel_cache_path()})", file=sys.stderr)
+            matvec_layout(model, choice["kernel"])
         if args.compile:
             compile_blocks(model)
         tok = load_tokenizer(tok_path)
@@ -464,7 +439,10 @@ def main(argv=None):
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=eos or None,
                             seed=args.seed, cache=args.cache, kv_budget=args.kv_budget, exit_criterion=args.exit,
                             exit_threshold=args.exit_threshold, warm_start=args.warm_start, draft_r=args.draft_r,
-                            draft_k=args.draft_k, exit_min_loops=args.exit_min_loops, stats=stats)
+                            draft_k=args.draft_k, exit_min_loops=args.exit_min_loops, stats=stats,
+                            sampler=args.sampler, loops_per_pass=args.loops_per_pass, wavefront=args.wavefront,
+                            headway=args.headway,
+                            freeze_loops={None: -1, 0: None}.get(args.freeze_loops, args.freeze_loops))
     except (ValueError, FileNotFoundError, CheckpointError, SurgeryError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
@@ -479,6 +457,10 @@ def main(argv=None):
     print(f"{len(outs)} prompts, {n_new} new tokens: prefill {stats['prefill_s']:.2f}s, decode {dec:.1f} tok/s, "
           f"mean loops per token {sum(loops) / max(len(loops), 1):.2f}, KV cache "
           f"{stats['kv_bytes'] / 2**20:.1f} MiB", file=sys.stderr)
+    if args.sampler == "diffusion":
+        print(f"diffusion sampler: {stats['passes']} passes of {args.loops_per_pass} loops over "
+              f"{stats['wave_positions'] / max(stats['passes'], 1):.1f} positions on average, "
+              f"{n_new / max(stats['passes'], 1):.2f} tokens frozen per pass", file=sys.stderr)
     if args.exit is not None and stats["loops_run_max"]:
         run, fixed = stats["loops_run"], stats["loops_run_max"]
         print(f"adaptive exit: the decode steps ran {run} core loops (summed over rows) of the {fixed} a fixed r "

@@ -3,18 +3,24 @@ Benchmarks of sample.py's inference features (Geiping et al. 2025, arXiv 2502.05
 offline SmolLM2-135M-Instruct and, when given, a depth-task model trained by train.py:
 
 1. decode tokens/s with our KV cache vs transformers' generate on the same weights at r=1
-   (load_model keeps all 30 layers with the identity adapter, so r=1 is the parent itself): with
-   sample.matvec_layout (what sample.py runs), with that layout but torch's products instead of numpy's BLAS,
-   and with the parameters as loaded, timed in turn (wall and CPU time) so that load from other jobs hits all,
+   (load_model keeps all 30 layers with the identity adapter, so r=1 is the parent itself): under each decode
+   kernel of plumbing/decode.py (numpy's BLAS, torch's, the parameters as loaded; the one this machine measured
+   fastest is what sample.py runs), timed in turn (wall and CPU time) so that load from other jobs hits all,
    beside the same weights' matrix-vector products alone (the ceiling of any decoder on these kernels);
 2. per-token decode cost as r grows on a (4,6,4) retrofit: P + r R + C layers, so it should be linear;
 3. adaptive exit vs fixed r on the S3 depth task: accuracy and mean loops per token (--depth_ckpt; with a
    learned exit gate, exit_gate.py, at --gate_threshold too);
 4. KV memory and speed with a KV budget (slot i mod N) vs the full cache, and how many greedy
-   tokens still agree with the full cache.
+   tokens still agree with the full cache;
+5. the diffusion-forcing sampler (diffusion.py, arXiv 2510.14961) against sequential decoding and --exit kl at
+   r = 8, 16, 32, batch 1: tokens/s at 1 and 2 threads on the (4,6,4) cut, then quality where loops matter, the
+   depth task's chains (--cot_ckpt: accuracy) and text continuations (--text_ckpt: tokens equal to sequential's,
+   NLL of each output under the sequential model), and the speed-quality frontier as a PNG (--plot).
 Figures go to standard error, one table per section.
 
-    python bench/bench_sample.py                                   # sections 1, 2, 4 (~6 min, 1 CPU thread)
+    python bench/bench_sample.py --sections 1,2,4                  # ~6 min, 1 CPU thread
+    python bench/bench_sample.py --sections 5 --cot_ckpt out/depth_cot_loop --text_ckpt out/smollm2_464_healed
+    python bench/bench_sample.py --smoke                           # every section on tiny random models, seconds
     python data/depth/prepare.py --out_dir data/depth && python train.py --config config/cpu_depth.json
     python bench/bench_sample.py --depth_ckpt out/depth --sections 3  # ~1 min
 Section 3 decodes teacher-forced, one position per step, so that the exit is per token; in a batch,
@@ -25,14 +31,16 @@ import argparse
 import copy
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plumbing.decode import Matvec  # noqa: E402
-from plumbing.kv_cache import KVCache  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_gpu's shapes for --parent random
+from plumbing.decode import KERNELS, decode_kernel  # noqa: E402
+from kv_cache import KVCache  # noqa: E402
 from sample import EXIT_THRESHOLDS, ZERO_SHOT, CachedForward, ExitRule, generate, matvec_layout  # noqa: E402
 
 # 64 tokens in SmolLM2's chat template (the decode comparison's prompt length)
@@ -108,32 +116,23 @@ def matvecs_only(model):
     return run
 
 
-def torch_products(model):
-    """A model in matvec_layout whose one-row products go to F.linear (torch's MKL) instead of numpy's BLAS: the
-    layout's packing and strides alone. Returns the model."""
-    for m in model.modules():
-        for prod in (getattr(m, "qkv", None), getattr(m, "gate_up", None), m.forward):
-            if isinstance(prod, Matvec):
-                prod.wt = None
-    return model
-
-
-def section_hf(args, tok, ids):
+def section_hf(args, ids):
     from transformers import AutoModelForCausalLM
 
     from plumbing.hub import resolve_checkpoint
     from surgery import load_model
 
-    gguf = resolve_checkpoint("smollm2")
-    if not gguf.endswith(".gguf"):
-        log(f"1. skipped: smollm2 resolved to {gguf}, not the offline GGUF this section compares against")
+    src = resolve_checkpoint(args.parent)
+    if args.parent == "smollm2" and not src.endswith(".gguf"):
+        log(f"1. skipped: smollm2 resolved to {src}, not the offline GGUF this section compares against")
         return
-    plain, _ = load_model(gguf, state_init="zero")
+    plain, _ = load_model(src, state_init="zero")
+    choice = decode_kernel(plain)  # what sample.py runs on this CPU: measured once, then cached
     # copies, not new loads (each load de-quantizes the GGUF again): the layout rewrites the weights in place
-    fast = matvec_layout(copy.deepcopy(plain))  # what sample.py runs on CPU
-    mkl = torch_products(matvec_layout(copy.deepcopy(plain)))
-    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf),
-                                              dtype=torch.float32).eval()
+    layouts = {k: plain if k == "plain" else matvec_layout(copy.deepcopy(plain), k) for k in KERNELS}
+    where = dict(gguf_file=os.path.basename(src)) if src.endswith(".gguf") else {}
+    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(src) if where else src, dtype=torch.float32,
+                                              **where).eval()
     x = torch.tensor([ids])
 
     def ours(model):
@@ -142,19 +141,22 @@ def section_hf(args, tok, ids):
     def run_hf(n):
         with torch.inference_mode():
             y = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
-                            do_sample=False, pad_token_id=tok.eos_id)
+                            do_sample=False, pad_token_id=0)
         return y[0, len(ids):].tolist()
 
-    runs = {"ours, decode layout (sample.py)": ours(fast), "ours, the layout with torch's products": ours(mkl),
-            "ours, parameters as loaded": ours(plain), "transformers generate": run_hf,
-            "matrix-vector products alone": matvecs_only(fast)}
+    name = lambda k: f"ours, kernel {k}" + (" (sample.py's)" if k == choice["kernel"] else "")
+    runs = {**{name(k): ours(m) for k, m in layouts.items()}, "transformers generate": run_hf,
+            "matrix-vector products alone": matvecs_only(layouts["numpy"])}
     for run in runs.values():
         run(2)  # warm up
     clock = 1 if torch.get_num_threads() == 1 else 0  # CPU time on one thread; on more, it counts spinning workers
     res = side_by_side(runs, args.n_new, args.repeats, ref="transformers generate", clock=clock)
     hf_toks = res["transformers generate"][-1]
-    log(f"1. decode at r=1, SmolLM2-135M (30 layers), prompt {len(ids)} tokens, {args.n_new} new tokens, greedy, "
+    log(f"1. decode at r=1, {args.parent} ({plain.config.n_core + 2} layers), prompt {len(ids)} tokens, {args.n_new} new tokens, greedy, "
         f"{torch.get_num_threads()} thread(s); {args.repeats} repeats, the decoders in turn in each")
+    log(f"   decode kernel chosen by measurement ({'cached' if choice['cached'] else 'measured now'}): "
+        f"{choice['kernel']}; ms for a token's products at 1 and 4 rows: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in choice["ms"].items()))
     log(f"   decoder                                wall tok/s   CPU tok/s   vs hf ({('wall', 'CPU')[clock]}, per "
         "repeat: median, range)  tokens = hf")
     for name, (wall, cpu, ratio, lo, hi, toks) in res.items():
@@ -169,9 +171,9 @@ def section_hf(args, tok, ids):
 def section_r(args, ids):
     from surgery import retrofit
 
-    model = matvec_layout(retrofit("smollm2", shape=(4, 6, 4), state_init="zero")[0])
+    model = matvec_layout(retrofit(args.parent, shape=(4, 6, 4), state_init="zero")[0])
     P, R, C = 4, 6, 4
-    log(f"2. decode cost vs r, SmolLM2 retrofit (4,6,4), {args.n_new} new tokens")
+    log(f"2. decode cost vs r, {args.parent} retrofit (4,6,4), {args.n_new} new tokens")
     log("   r    ms/token   layers/token   ms/layer")
     rows = []
     for r in args.r:
@@ -272,8 +274,8 @@ def section_budget(args, ids):
         name = args.budget_init
     else:  # with the identity adapter every iteration computes the same thing and a budget changes
         # nothing; (1/sqrt 2)[I | I] makes the state matter (untrained: the text itself is poor)
-        model, _ = retrofit("smollm2", shape=(4, 6, 4), state_init="zero", adapter_init="sum")
-        name = "SmolLM2 retrofit (4,6,4), adapter (1/sqrt2)[I|I], untrained"
+        model, _ = retrofit(args.parent, shape=(4, 6, 4), state_init="zero", adapter_init="sum")
+        name = f"{args.parent} retrofit (4,6,4), adapter (1/sqrt2)[I|I], untrained"
     r = args.budget_r
     log(f"4. KV budget at r={r}, {name}, prompt {len(ids)} + {args.n_new} new tokens, greedy")
     log("   budget   KV cache MiB   core KV MiB   tok/s   greedy tokens equal to the full cache")
@@ -293,10 +295,204 @@ def section_budget(args, ids):
             f"   first {agree}/{len(toks)}")
     log()
 
+# -----------------------------------------------------------------------------
+# 5. the diffusion-forcing sampler (diffusion.py) against sequential decoding and --exit kl
+
+
+def decoders(args):
+    """name -> generate() keywords: sequential decoding at r, --exit kl at r, and the diffusion sampler with its
+    loop budget r alone (fixed) at each of args.headways, and with latent-diff at each of args.thresholds at the
+    last headway. A pass freezes `headway` tokens on average (as many join the wave): h1, h2, ... in the names."""
+    d = {"sequential": {}, "exit kl": dict(exit_criterion="kl")}
+    diff = lambda h, **kw: dict(sampler="diffusion", loops_per_pass=args.loops_per_pass, headway=h, **kw)
+    for h in args.headways:
+        d[f"diffusion h{h}"] = diff(h)
+    for t in args.thresholds:
+        d[f"diffusion h{args.headways[-1]} ld {t:g}"] = diff(args.headways[-1], exit_criterion="latent-diff",
+                                                               exit_threshold=t)
+    return d
+
+
+def batch_one(model, prompts, n_new, r, kw):
+    """Each prompt alone (batch 1, as the sampler decodes): (completions, wall seconds, new tokens)."""
+    t0, outs = time.perf_counter(), []
+    for p in prompts:
+        outs.append(generate(model, [p], max_new_tokens=n_new if isinstance(n_new, int) else n_new(p), num_steps=r,
+                             **kw)[0].tokens)
+    return outs, time.perf_counter() - t0, sum(len(o) for o in outs)
+
+
+def speed_model(args):
+    """The (4,6,4) cut of --parent (identity adapter), laid out for CPU decoding; --parent random: random weights in
+    bench_gpu.py's --random_shape (no download), bf16 on CUDA."""
+    from surgery import retrofit
+
+    if args.parent != "random":
+        return matvec_layout(retrofit(args.parent, shape=(4, 6, 4), state_init="zero")[0])
+    from bench_gpu import make_config
+    from model import RecurrentGPT
+
+    torch.manual_seed(0)
+    config = make_config(args.random_shape, (4, 6, 4))
+    config.state_init = "zero"
+    model = RecurrentGPT(config).eval()
+    device = torch.device(args.device)
+    model = model.to(device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    return matvec_layout(model) if device.type == "cpu" else model
+
+
+def diffusion_speed(args, ids):
+    model = speed_model(args)
+    if args.parent == "random":
+        ids = torch.randint(0, model.config.vocab_size, (64,), generator=torch.Generator().manual_seed(0)).tolist()
+    log(f"5a. speed, {args.parent} (4,6,4) cut on {model.embed_tokens.weight.device} "
+        f"({model.embed_tokens.weight.dtype}), prompt {len(ids)} tokens, {args.n_new} new tokens, "
+        f"greedy, batch 1; the decoders in turn in each of {args.repeats} repeats; wall clock")
+    log("   threads  r    decoder                  tok/s   vs sequential (median, range)  loops/token  "
+        "tokens = sequential")
+    for threads in args.diffusion_threads:
+        torch.set_num_threads(threads)
+        for r in args.diffusion_r:
+            stats = {name: {} for name in decoders(args)}
+            runs = {name: (lambda n, kw=kw, st=stats[name]: generate(model, [ids], max_new_tokens=n, num_steps=r,
+                                                                      stats=st, **kw)[0].tokens)
+                    for name, kw in decoders(args).items()}
+            res = side_by_side(runs, args.n_new, args.repeats, ref="sequential", clock=0)
+            seq = res["sequential"][-1]
+            for name, (wall, _, ratio, lo, hi, toks) in res.items():
+                st = stats[name]
+                per = st["loops_run"] / max(st["decode_tokens"], 1)
+                agree = next((i for i, (a, b) in enumerate(zip(toks, seq)) if a != b), len(toks))
+                log(f"   {threads:<8d} {r:<4d} {name:22s} {wall:7.1f}   {ratio:6.2f}x ({lo:.2f}-{hi:.2f}x)"
+                    f"{'':14s} {per:8.1f}   first {agree}/{len(toks)}")
+    torch.set_num_threads(args.threads)
+    log("   (goal at r = 32: diffusion >= 3x sequential and ahead of exit kl; loops/token: core loops run summed "
+        "over positions per decoded token)")
+
+
+def diffusion_quality(args, results):
+    """Depth-task chains (a) and text continuations (b) at each r: accuracy, tokens equal to sequential's, and the
+    NLL of each decoder's text under the sequential model at that r. Fills results[(r, name)] for the plot."""
+    from data.common import load_meta, open_split
+    from plumbing.depth_cot import chain_rows
+    from surgery import load_model
+
+    if args.cot_ckpt:
+        model, _ = load_model(args.cot_ckpt, state_init="zero")
+        meta = load_meta(args.cot_data)
+        elems, chains = chain_rows(meta, open_split(args.cot_data, "dev", meta)[0])
+        elems, chains = elems[:args.cot_rows].tolist(), chains[:args.cot_rows].tolist()
+        depths = range(1, meta["train_max_k"] + 1)
+        prompts = [[meta["bos_id"]] + e[:d] + [meta["sep_id"]] for d in depths for e in elems]
+        want = [c[d - 1] for d in depths for c in chains]
+        log(f"5b. depth-task chains ({args.cot_ckpt}, {len(elems)} dev rows x depths 1..{depths[-1]}): greedy chain of "
+            "d tokens, correct when its last is p_d; batch 1")
+        log("   r    decoder                  accuracy   vs sequential   tok/s")
+        for r in args.diffusion_r:
+            for name, kw in decoders(args).items():
+                outs, sec, n = batch_one(model, prompts, lambda p: len(p) - 2, r, kw)
+                acc = sum(len(o) == len(p) - 2 and o[-1] == w for o, p, w in zip(outs, prompts, want)) / len(want)
+                base = acc if name == "sequential" else base
+                results.setdefault((r, name), {}).update(acc=acc, cot_tok_s=n / sec)
+                log(f"   {r:<4d} {name:22s} {acc:8.3f}   {100 * (acc - base):+8.1f} pt   {n / sec:7.1f}")
+    if args.text_ckpt:
+        model, _ = load_model(args.text_ckpt, state_init="zero")
+        matvec_layout(model)
+        val = np.asarray(open_split(args.text_data, "val")[0])
+        starts = np.linspace(0, len(val) - args.text_prompt - 1, args.text_prompts).astype(int)
+        prompts = [val[s:s + args.text_prompt].astype(np.int64).tolist() for s in starts]
+        log(f"5c. text ({args.text_ckpt}, {len(prompts)} held-out prompts of {args.text_prompt} tokens from "
+            f"{args.text_data}'s val split, {args.text_new} new tokens, greedy, batch 1): NLL per token of each output "
+            "under the sequential model at that r")
+        log("   r    decoder                  tokens = seq   rows = seq   NLL      vs seq    tok/s")
+        for r in args.diffusion_r:
+            for name, kw in decoders(args).items():
+                outs, sec, n = batch_one(model, prompts, args.text_new, r, kw)
+                if name == "sequential":
+                    seq, base = outs, None
+                nll = sequence_nll(model, prompts, outs, r)
+                base = nll if base is None else base
+                same = sum(a == b for o, s in zip(outs, seq) for a, b in zip(o, s)) / sum(len(s) for s in seq)
+                rows = sum(o == s for o, s in zip(outs, seq))
+                results.setdefault((r, name), {}).update(nll=nll, nll_ratio=nll / base, text_tok_s=n / sec)
+                log(f"   {r:<4d} {name:22s} {same:10.3f}   {rows:5d}/{len(seq):<4d} {nll:7.3f}   {nll / base:6.3f}x"
+                    f"  {n / sec:7.1f}")
+    log("   (goal: accuracy within 1 point of sequential's, NLL within 2%)")
+
+
+def sequence_nll(model, prompts, outs, r):
+    """Mean NLL per token of the outputs after their prompts under model at r loops (zero s_0)."""
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        for p, o in zip(prompts, outs):
+            x = torch.tensor([p + o])
+            logits, _ = model(x, num_steps=r)
+            logp = torch.log_softmax(logits[0, len(p) - 1:-1].double(), -1)
+            total -= logp.gather(1, x[0, len(p):, None]).sum().item()
+            count += len(o)
+    return total / max(count, 1)
+
+
+def frontier_plot(args, results):
+    """accuracy and NLL ratio against tok/s at the largest r, one point per decoder: the PNG of --plot."""
+    from plumbing.plots import pyplot, save_figures
+
+    r, plt = max(args.diffusion_r), pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, (y, x, label) in zip(axes, (("acc", "cot_tok_s", "depth-task chain accuracy"),
+                                        ("nll_ratio", "text_tok_s", "NLL / sequential's NLL"))):
+        for name in decoders(args):
+            got = results.get((r, name), {})
+            if y in got:
+                ax.scatter(got[x], got[y])
+                ax.annotate(name, (got[x], got[y]), fontsize=7)
+        ax.set(xlabel="tokens/s (batch 1)", ylabel=label, title=f"r = {r}: decoders, headways, latent-diff thresholds")
+    os.makedirs(os.path.dirname(os.path.abspath(args.plot)), exist_ok=True)
+    path = save_figures([(fig, os.path.basename(args.plot))], os.path.dirname(os.path.abspath(args.plot)))[0]
+    log(f"   frontier: {path}")
+
+
+def section_diffusion(args, ids):
+    diffusion_speed(args, ids)
+    results = {}
+    diffusion_quality(args, results)
+    if results:
+        frontier_plot(args, results)
+    log()
+
+
+def smoke_setup(args, tmp):
+    """--smoke: every section on tiny stand-ins in `tmp`, the same code in seconds: a random Llama in the hub's
+    layout as the parent, a depth-task dir with a random model for sections 3 and 5 (chains and text)."""
+    import subprocess
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=16,
+                                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                                 max_position_embeddings=128)).save_pretrained(f"{tmp}/parent")
+    for name, extra in (("depth", []), ("cot", ["--cot"])):
+        subprocess.run([sys.executable, "data/depth/prepare.py", "--out_dir", f"{tmp}/{name}", "--train_depth", "3",
+                        "--test_depth", "4", "--num_train", "256", "--num_dev", "16", "--num_test", "16", *extra],
+                       check=True, capture_output=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from data.common import load_meta
+    from model import RecurrentConfig, RecurrentGPT
+
+    for name in ("depth", "cot"):
+        v = load_meta(f"{tmp}/{name}")["vocab_size"]
+        RecurrentGPT(RecurrentConfig(vocab_size=v, n_embd=32, n_head=4, n_kv_head=4, head_dim=8, intermediate_size=64,
+                                     adapter_init="random")).save_pretrained(f"{tmp}/{name}_ckpt")
+    vars(args).update(parent=f"{tmp}/parent", n_new=4, repeats=1, r=[1, 2], budget_r=4, depth_ckpt=f"{tmp}/depth_ckpt",
+                      depth_data=f"{tmp}/depth", depth_rows=8, depth_r=4, batch_size=8, diffusion_r=[4],
+                      diffusion_threads=[1], loops_per_pass=2, thresholds=[0.03], headways=[1, 2], cot_ckpt=f"{tmp}/cot_ckpt",
+                      cot_data=f"{tmp}/cot", cot_rows=4, text_ckpt=f"{tmp}/depth_ckpt", text_data=f"{tmp}/depth",
+                      text_prompts=3, text_prompt=6, text_new=4, plot=f"{tmp}/frontier.png")
+
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    p.add_argument("--sections", default="1,2,3,4", help="which sections to run, e.g. 1,3")
+    p.add_argument("--sections", default="1,2,3,4,5", help="which sections to run, e.g. 1,3")
     p.add_argument("--n_new", type=int, default=32, help="new tokens per timed generation")
     p.add_argument("--repeats", type=int, default=2, help="timings per figure (the best is kept)")
     p.add_argument("--r", default="1,2,4,8,16", help="section 2: the r values")
@@ -310,29 +506,54 @@ def main(argv=None):
     p.add_argument("--gate_threshold", type=float, default=EXIT_THRESHOLDS["gate"],
                    help="section 3: the learned exit gate's threshold, when --depth_ckpt has a gate")
     p.add_argument("--batch_size", type=int, default=1000, help="section 3: rows per batch")
+    p.add_argument("--diffusion_r", default="8,16,32", help="section 5: the r values")
+    p.add_argument("--diffusion_threads", default="1,2", help="section 5: thread counts of the speed table")
+    p.add_argument("--loops_per_pass", type=int, default=4, help="section 5: the diffusion sampler's loops per pass")
+    p.add_argument("--headways", default="1,2,4", help="section 5: the diffusion sampler's headways")
+    p.add_argument("--thresholds", default="0.03,0.1", help="section 5: latent-diff freeze thresholds (at the "
+                   "last headway)")
+    p.add_argument("--cot_ckpt", default=None, help="section 5: a looped model trained on data/depth/prepare.py --cot")
+    p.add_argument("--cot_data", default="data/depth_cot", help="section 5: its data dir")
+    p.add_argument("--cot_rows", type=int, default=50, help="section 5: dev rows (each at depths 1..train depth)")
+    p.add_argument("--text_ckpt", default=None, help="section 5: a looped model trained on text")
+    p.add_argument("--text_data", default="data/sotu", help="section 5: the text data dir (its val split)")
+    p.add_argument("--text_prompts", type=int, default=20, help="section 5: held-out prompts")
+    p.add_argument("--text_prompt", type=int, default=32, help="section 5: tokens per prompt")
+    p.add_argument("--text_new", type=int, default=24, help="section 5: new tokens per prompt")
+    p.add_argument("--plot", default="out/bench/diffusion_frontier.png", help="section 5: the frontier PNG")
+    p.add_argument("--parent", default="smollm2", help="the parent of sections 1, 2, 4 and 5's speed table; random: "
+                   "5's speed table on random weights of --random_shape (bench/gpu_check.sh)")
+    p.add_argument("--random_shape", default="llama-3.2-1b", help="--parent random: a shape of bench_gpu.py")
+    p.add_argument("--device", default="cpu", help="--parent random: where section 5's speed table runs")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--threads", type=int, default=1,
                    help="1 by default: decode is matrix-vector work, and a 2nd thread waits a lot on shared cores")
+    p.add_argument("--smoke", action="store_true", help="tiny random stand-ins for every model: the code in seconds")
     args = p.parse_args(argv)
     args.r = [int(x) for x in args.r.split(",")]
+    args.diffusion_r = [int(x) for x in args.diffusion_r.split(",")]
+    args.diffusion_threads = [int(x) for x in args.diffusion_threads.split(",")]
+    args.thresholds = [float(x) for x in args.thresholds.split(",")]
+    args.headways = [int(x) for x in args.headways.split(",")]
     sections = {int(x) for x in args.sections.split(",")}
+    if args.parent == "random" and sections != {5}:
+        p.error("--parent random has random weights for section 5's speed table only: add --sections 5")
     torch.set_num_threads(args.threads)
-    log("config: " + " ".join(f"{k}={v}" for k, v in vars(args).items()) + f" torch={torch.__version__}")
-    ids = None
-    if sections & {1, 2, 4}:
-        from plumbing.hub import resolve_checkpoint
-        from plumbing.tokenizer import load_tokenizer
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.smoke:
+            smoke_setup(args, tmp)
+        log("config: " + " ".join(f"{k}={v}" for k, v in vars(args).items()) + f" torch={torch.__version__}")
+        ids = list(range(3, 19))  # --smoke: any ids of the tiny vocabulary
+        if sections & {1, 2, 4, 5} and not args.smoke and args.parent != "random":
+            from plumbing.hub import resolve_checkpoint
+            from plumbing.tokenizer import load_tokenizer
 
-        tok = load_tokenizer(resolve_checkpoint("smollm2"))
-        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]))
-    if 1 in sections:
-        section_hf(args, tok, ids)
-    if 2 in sections:
-        section_r(args, ids)
-    if 3 in sections:
-        section_depth(args)
-    if 4 in sections:
-        section_budget(args, ids)
+            tok = load_tokenizer(resolve_checkpoint(args.parent))
+            ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]))
+        for n, section in ((1, section_hf), (2, section_r), (3, section_depth), (4, section_budget),
+                           (5, section_diffusion)):
+            if n in sections:
+                section(args) if n == 3 else section(args, ids)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 - tokenizer.py, gguf.py: the parents' tokenizers (on tiktoken, SentencePiece for TinyLlama) and the one GGUF reader
 - hub.py, parents.py: hub ids and short names to local files; a parent's HF directory or GGUF to our weights
 - raven.py: the published raven checkpoint format (Huginn-0125, the McLeish et al. retrofits), both directions
-- kv_cache.py: the KV cache of sample.py, one entry per (layer, loop)
 - batches.py, run_dir.py, guards.py, device.py: train.py's rows and batches, its run directory (saves,
   resume, log), its NaN and divergence stops, and its device / DDP setup
 - checkpoint.py: a run directory as one unit (atomic saves, weights_only loads, one process per out_dir)

@@ -25,7 +25,7 @@ position per decode step, at Huginn's thresholds):
 - One teacher-forced forward runs every position to r_max: at loop i a position's core attends to the earlier
   positions' loop-i states, its coda after loop j to their loop-j states. In cached generation an earlier
   token that exited after m loops is frozen: at loops i > m later tokens read its latest core KV entry, the
-  one of loop m (plumbing/kv_cache.py's policy; Huginn's HuginnDynamicCache "latest-m4" lookup in
+  one of loop m (kv_cache.py's policy; Huginn's HuginnDynamicCache "latest-m4" lookup in
   raven_modeling_minimal.py does the same per core layer), and every later coda reads its coda KV, written
   from its exit state. So an adaptive answer here is what the position answers under fixed r = its exit
   loop, and one position's exit never changes another's trajectory. Measured on the CPU depth models (the

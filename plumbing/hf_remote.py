@@ -23,7 +23,8 @@ MARKER = "nanorecur remote code"  # within the first 200 characters of every fil
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # format -> (the files, by their path in the repository; the config.json entries that point transformers at them)
-NANORECUR = ("plumbing/hf/modeling_nanorecur.py", "model.py")  # model.py: the model, which the modeling files import
+# model.py: the model, which the modeling files import; diffusion.py with what it imports: generate's diffusion sampler
+NANORECUR = ("plumbing/hf/modeling_nanorecur.py", "model.py", "diffusion.py", "kv_cache.py", "exit_gate.py")
 FORMATS = {
     "nanorecur": (NANORECUR, {"auto_map": {
         "AutoConfig": "modeling_nanorecur.NanorecurConfig",

@@ -12,6 +12,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def kernel_cache(tmp_path_factory):
+    """sample.py's measured decode kernel (plumbing/decode.py) cached in a folder of the test run, not the user's."""
+    old = os.environ.get("NANORECUR_CACHE")
+    os.environ["NANORECUR_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        os.environ.pop("NANORECUR_CACHE")
+    else:
+        os.environ["NANORECUR_CACHE"] = old
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """torch on one thread for the module: tiny models gain nothing from a second, and on shared cores its sync

@@ -30,7 +30,7 @@ import sample
 import train
 from model import RecurrentConfig, RecurrentGPT
 from plumbing.device import autocast_context
-from plumbing.kv_cache import KVCache
+from kv_cache import KVCache
 from sample import CachedForward, ExitRule, generate
 
 REPO = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ from torch._dynamo.utils import counters
 import train
 from model import RecurrentConfig, RecurrentGPT
 from plumbing.device import compile_blocks
-from plumbing.kv_cache import KVCache
+from kv_cache import KVCache
 from sample import CachedForward, generate
 
 REPO = Path(__file__).resolve().parents[1]

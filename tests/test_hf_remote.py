@@ -145,6 +145,21 @@ def gated_model():
     return model
 
 
+def test_diffusion_generate_matches_sample(pair):
+    """generate(..., sampler="diffusion"): the tokens of sample.generate(..., sampler="diffusion"), greedy, with the
+    loop budget and with a latent-diff threshold."""
+    name, ours, theirs = pair
+    if not ours.config.recurrent:
+        return
+    p = prompts(1)[0]
+    for kw, hf_kw in (({}, {}), (dict(exit_criterion="latent-diff", exit_threshold=0.2), dict(latent_diff=0.2))):
+        want = sample.generate(ours, [p], max_new_tokens=8, num_steps=6, sampler="diffusion", loops_per_pass=2,
+                               **kw)[0].tokens
+        got = theirs.generate(torch.tensor([p]), sampler="diffusion", num_steps=6, loops_per_pass=2, max_new_tokens=8,
+                              **hf_kw)
+        assert got[0, len(p):].tolist() == want, (name, kw)
+
+
 def test_exit_gate_generate_matches_sample(tmp_path):
     """generate(..., exit_threshold=Q) on a gated checkpoint: the tokens of sample.py's --exit gate, whose
     per-token exits (and the cache entries later tokens read for an exited token's skipped loops) shape them."""
@@ -248,6 +263,7 @@ def test_loads_where_nanorecur_is_not_installed(tmp_path):
     code = ("import sys, torch; from transformers import AutoModelForCausalLM\n"
             "assert 'model' not in sys.modules and not any(m.startswith('plumbing') for m in sys.modules)\n"
             "io = torch.load('io.pt'); m = AutoModelForCausalLM.from_pretrained('m', trust_remote_code=True)\n"
+            "m.generate(io['ids'][:1], sampler='diffusion', num_steps=4, loops_per_pass=2, max_new_tokens=3)\n"
             "print((m(io['ids'], num_steps=3).logits - io['logits']).abs().max().item())")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
@@ -269,7 +285,7 @@ def test_remote_code_files(tmp_path):
         write_remote_code(str(a), fmt), write_remote_code(str(b), fmt)
         for name, data in remote_code_files(fmt).items():
             assert digest(a / name) == digest(b / name) == hashlib.sha256(data).hexdigest()
-            assert set(get_imports(a / name)) <= {"math", "dataclasses", "torch", "transformers"}, name
+            assert set(get_imports(a / name)) <= {"math", "dataclasses", "time", "torch", "transformers"}, name
             assert written_by_nanorecur(a / name)
 
 

@@ -3,6 +3,7 @@ state, a random adapter so the state matters). References: the model's own uncac
 unbatched runs, plain greedy decoding, and a naive dict cache written from the KV-sharing policy."""
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -10,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from threadpoolctl import threadpool_info
 
-from plumbing.kv_cache import KVCache
+from kv_cache import KVCache
+from plumbing.decode import FEW_ROWS, KERNELS, decode_kernel
 from model import RecurrentConfig, RecurrentGPT
 from sample import (EXIT_THRESHOLDS, ZERO_SHOT, CachedForward, ExitRule, context_warning, filter_logits, generate, main,
                     matvec_layout)
@@ -85,12 +87,14 @@ def test_generate_cache_equals_recompute():
     assert len(set(a[1].tokens)) > 3  # not a degenerate repeat of one token
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_matvec_layout_keeps_values_and_cached_logits(name):
-    # the decode-time layout (packed, transposed weights; one-row products through numpy's BLAS) changes strides and
-    # summation order only: the same values, the tie kept, and the cached decode as close to the exact (float64)
-    # forward as the plain fp32 model is. Against the plain fp32 decode itself the two BLAS round differently
-    # (measured up to 1.2e-5 here), so the reference is float64 and the bound 2e-5, the plain decode's own error ~1e-5
+def test_matvec_layout_keeps_values_and_cached_logits(name, kernel):
+    # every decode kernel (packed, transposed weights; one-row products through numpy's BLAS or torch's; or the plain
+    # parameters) changes strides and summation order only: the same values, the tie kept, and the cached decode as
+    # close to the exact (float64) forward as the plain fp32 model is. Against the plain fp32 decode itself the BLAS
+    # round differently (measured up to 1.2e-5 here), so the reference is float64 and the bound 2e-5, the plain
+    # decode's own error ~1e-5
     model, r = tiny(**CONFIGS[name]), 3
     before = {k: v.clone() for k, v in model.state_dict().items()}
     seq = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(2))
@@ -99,34 +103,53 @@ def test_matvec_layout_keeps_values_and_cached_logits(name):
     plain_err = (decode_logits(model, seq, 5, r, KVCache(model.config, 1, 12, r)).double() - exact).abs().max().item()
     prompts = [[5, 6, 7], [1, 2, 3, 4, 8, 9]]
     plain = generate(model, prompts, max_new_tokens=10, num_steps=r)
-    matvec_layout(model)
-    assert model.lm_head.weight is model.embed_tokens.weight and model.lm_head.weight.stride() == (1, 97)
+    matvec_layout(model, kernel)
+    assert model.lm_head.weight is model.embed_tokens.weight
+    assert model.lm_head.weight.stride() == ((1, 97) if kernel != "plain" else (32, 1))
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     got = decode_logits(model, seq, 5, r, KVCache(model.config, 1, 12, r))
     assert plain_err <= 2e-5 and (got.double() - exact).abs().max().item() <= 2e-5
     assert [c.tokens for c in generate(model, prompts, max_new_tokens=10, num_steps=r)] == [c.tokens for c in plain]
 
 
-def test_matvec_routes_one_row_through_numpy_and_the_rest_through_torch():
-    # a decode step (one row, no grad) goes to numpy's BLAS on a view of the weight's memory; a prefill, a gradient
+def test_matvec_routes_few_rows_through_numpy_and_the_rest_through_torch():
+    # a decode step (one row or a few, no grad) goes to numpy's BLAS on a view of the weight's memory; a prefill, a gradient
     # or autocast goes to F.linear, and the gradient still reaches the Parameter of a Linear whose forward is a Matvec
     model = tiny(**CONFIGS["llama_gqa"], attn_bias=True)  # q/k/v bias (Qwen2.5): the packed product adds it
-    matvec_layout(model)
+    matvec_layout(model, "numpy")
     qkv = model.core[0].self_attn.qkv
     assert np.shares_memory(qkv.wt, qkv.weight.numpy())
     # numpy's BLAS on one thread: beside torch's spinning OpenMP workers, its own threads made decoding ~10x slower
     blas = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]  # numpy's, and scipy's if loaded
     assert blas and set(blas) == {1}
-    x1, x4 = torch.randn(1, 1, 32), torch.randn(1, 4, 32)
+    x1, x4, many = torch.randn(1, 1, 32), torch.randn(1, 4, 32), torch.randn(1, FEW_ROWS + 1, 32)
     with torch.inference_mode():
         one, four = qkv(x1), qkv(x4)
         assert torch.equal(one[0, 0], torch.from_numpy(x1.reshape(-1).numpy() @ qkv.wt) + qkv.bias)
+        assert torch.equal(four[0], torch.from_numpy(x4[0].numpy() @ qkv.wt) + qkv.bias)  # a few rows: numpy too
         assert (one - F.linear(x1, qkv.weight, qkv.bias)).abs().max() <= 1e-6
-        assert torch.equal(four, F.linear(x4, qkv.weight, qkv.bias))
+        assert (four - F.linear(x4, qkv.weight, qkv.bias)).abs().max() <= 1e-6
+        assert torch.equal(qkv(many), F.linear(many, qkv.weight, qkv.bias))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert model.lm_head(x1).dtype == torch.bfloat16  # F.linear under autocast (numpy would give fp32)
     model.lm_head(x1).sum().backward()  # grad on: F.linear, through the tied Parameter
     assert model.embed_tokens.weight.grad.abs().sum() > 0
+
+
+def test_decode_kernel_is_measured_once_then_cached(tmp_path, monkeypatch):
+    """The first call on a machine times every kernel and writes the choice, later ones read it back (one machine,
+    one kernel, one result); the cache says which machine and libraries it was measured on."""
+    monkeypatch.setenv("NANORECUR_CACHE", str(tmp_path))
+    model = tiny()
+    first = decode_kernel(model)
+    assert not first["cached"] and first["kernel"] in KERNELS and set(first["ms"]) == set(KERNELS)
+    assert first["kernel"] == min(first["ms"], key=first["ms"].get)
+    again = decode_kernel(model)
+    assert again["cached"] and again["kernel"] == first["kernel"] and again["ms"] == first["ms"]
+    (key,) = json.loads((tmp_path / "decode_kernel.json").read_text())
+    assert f"torch {torch.__version__}" in key and "threads 1" in key
+    with pytest.raises(ValueError, match="unknown decode kernel"):
+        matvec_layout(model, "mkl")
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -311,6 +334,25 @@ def test_kv_policy_with_exit_matches_naive(budget):
     assert (logits["fast"] - logits["naive"]).abs().max().item() <= TOL
 
 
+@pytest.mark.parametrize("budget", [None, 2])
+def test_plain_cache_indexing_is_bitwise_the_fast_one(budget):
+    """KVCache(plain=True) (read_plain: the policy as plain advanced indexing) against the default path (views made
+    once, index_select, flat row indices) on a batch whose rows exit at different loops: the same bits."""
+    model, r = tiny(seed=3, std=0.1, **CONFIGS["huginn_sandwich"]), 12
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3], [1, 1, 2, 3, 5]]
+    got = {}
+    for plain in (False, True):
+        fwd = CachedForward(model, [0, 0, 0], 12, r, KVCache(model.config, 3, 12, budget or r, plain=plain),
+                            ExitRule("entropy-diff", 0.01))
+        with torch.inference_mode():
+            outs = [fwd.run(torch.tensor(prompts))[0][:, -1]]
+            for t in range(6):
+                lg, n = fwd.run(torch.tensor([[10 + t], [20 + t], [30 + t]]), adaptive=True)
+                outs += [lg[:, -1], n[:, None].float()]
+        got[plain] = torch.cat(outs, 1)
+    assert torch.equal(got[False], got[True])
+
+
 def test_kv_budget_bounds_memory():
     c = tiny().config
     full, shared = KVCache(c, 1, 100, 32), KVCache(c, 1, 100, 4)
@@ -469,7 +511,7 @@ def test_bad_flags_are_refused_by_name_before_loading(flag, value, capsys):
 def test_kv_cache_too_large_is_refused_before_allocating(tmp_path, capsys, monkeypatch):
     import importlib.util, os
 
-    from plumbing import kv_cache
+    import kv_cache
     from plumbing.tokenizer import save_tokenizer_files
 
     model = tiny(vocab_size=49152)

@@ -18,13 +18,19 @@ padding mask and positions of generate(), a DynamicCache in place of nanorecur's
     logits = model(ids, num_steps=4).logits            # r = 4 loops of the core (default: config.mean_recurrence)
     out = model.generate(ids, num_steps=8, max_new_tokens=20, do_sample=False)
     out = model.generate(ids, num_steps=32, exit_threshold=0.9, max_new_tokens=20)  # a checkpoint with an exit gate
+    out = model.generate(ids, num_steps=32, sampler="diffusion", loops_per_pass=4, max_new_tokens=20)  # diffusion.py
 
 exit_threshold (a checkpoint trained with nanorecur's `train.py --exit_gate`, "exit_gate": true): each generated
 token stops looping after the first loop whose gate probability reaches it (never before exit_min_loops), as
 nanorecur's `sample.py --exit gate` does: the KV cache then holds, for that token's later loops, the entries of
 its last loop. Only one-token steps with the cache exit early; the prompt runs every loop.
 
-nanorecur writes this file and model.py into every directory it saves (plumbing/hf_remote.py); the sources are
+sampler="diffusion" (batch 1): nanorecur's diffusion-forcing sampler (its diffusion.py, arXiv 2510.14961, copied
+beside this file with the KV cache it decodes through), the tokens of nanorecur's `sample.py --sampler diffusion`;
+its keywords loops_per_pass, wavefront, headway, freeze_loops and latent_diff (the freeze threshold), greedy or
+do_sample with temperature, top_k, top_p.
+
+nanorecur writes this file, model.py and those into every directory it saves (plumbing/hf_remote.py); the sources are
 plumbing/hf/modeling_nanorecur.py and model.py in the nanorecur repository.
 """
 
@@ -253,6 +259,50 @@ class NanorecurForCausalLM(LoopedCausalLM):
         at = torch.arange(T, device=s.device)[None].expand(B, T) >= T - keep if keep < T else None  # (B, T)
         logits = self.readout(s, rope, mask, kv, positions=at).view(B, keep, -1)
         return self.output(logits, labels, cache)
+
+    def generate(self, inputs=None, *args, sampler=None, **kwargs):
+        """transformers' generate, or with sampler="diffusion" the diffusion-forcing sampler (generate_diffusion)."""
+        if sampler is None or sampler == "sequential":
+            return super().generate(inputs, *args, **kwargs)
+        if sampler != "diffusion":
+            raise ValueError(f"unknown sampler {sampler!r}: sequential (transformers' generate) or diffusion")
+        return self.generate_diffusion(inputs, *args, **kwargs)
+
+    @torch.no_grad()
+    def generate_diffusion(self, input_ids, max_new_tokens=20, num_steps=None, loops_per_pass=4, wavefront=128,
+                           headway=1, freeze_loops=-1, latent_diff=None, do_sample=False, temperature=1.0, top_k=None,
+                           top_p=None, eos_token_id=None, seed=None, attention_mask=None, pad_token_id=None):
+        """input_ids (1, L) -> (1, L + new tokens): nanorecur's diffusion.generate_diffusion on this model, r =
+        num_steps (default config.mean_recurrence), freeze_loops -1: r, None: latent_diff alone freezes. One prompt,
+        so attention_mask (all ones) and pad_token_id are read by no one."""
+        from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+        from .diffusion import generate_diffusion
+
+        if input_ids.shape[0] != 1:
+            raise ValueError(f"the diffusion sampler decodes one prompt at a time, got a batch of {input_ids.shape[0]}")
+        gen = torch.Generator(input_ids.device).manual_seed(seed) if seed is not None else None
+
+        def pick(logits):  # (T, V) -> (T,): greedy, or a draw among the top_k / top_p tokens at temperature
+            if not do_sample:
+                return logits.argmax(-1)
+            logits = logits / temperature
+            for warp in ([TopKLogitsWarper(top_k)] if top_k else []) + ([TopPLogitsWarper(top_p)] if top_p else []):
+                logits = warp(None, logits)
+            return torch.multinomial(torch.softmax(logits, -1), 1, generator=gen).squeeze(1)
+
+        eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+        was_training = self.training
+        self.eval()
+        try:
+            tokens, _ = generate_diffusion(self, input_ids[0].tolist(), max_new_tokens=max_new_tokens,
+                                           r=num_steps or self.config.mean_recurrence, pick=pick,
+                                           loops_per_pass=loops_per_pass, wavefront=wavefront, headway=headway,
+                                           freeze_loops=freeze_loops, threshold=latent_diff, eos=frozenset(eos),
+                                           generator=gen)
+        finally:
+            self.train(was_training)
+        return torch.cat([input_ids, torch.tensor([tokens], device=input_ids.device)], dim=1)
 
 
 __all__ = ["NanorecurConfig", "NanorecurForCausalLM"]
