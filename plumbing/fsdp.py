@@ -49,6 +49,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from plumbing import checkpoint, run_dir
 from plumbing.checkpoint import RunDirError
+from plumbing.finite import first_nonfinite, poisoned
 
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shard files, written by rank 0
 
@@ -172,7 +173,8 @@ def save_checkpoint(model, opts, step, args, *run):
 
 def load_train_state(ckpt_dir, step, opts, model):
     """run_dir.load_train_state for a sharded model: step, RNG and the run's levels from train_state.pt, the
-    optimizer states from the save's shard files (dcp.load: each rank reads its own rows)."""
+    optimizer states from the save's shard files (dcp.load: each rank reads its own rows, and checks them: a
+    NaN or inf in any rank's rows is one RunDirError on every rank)."""
     if not os.path.isfile(os.path.join(ckpt_dir, DCP_METADATA)):
         raise RunDirError(f"--resume: {ckpt_dir} was saved without --fsdp (it has no optimizer shards): resume "
                           f"it without --fsdp, or train into a new --out_dir")
@@ -181,6 +183,11 @@ def load_train_state(ckpt_dir, step, opts, model):
         raise RunDirError(f"--resume: {ckpt_dir}/train_state.pt is of step {state.get('step')}, its manifest of {step}")
     osd = get_optimizer_state_dict(model, opts)  # the layout to read into (first steps of zero gradients)
     dcp.load({"optimizers": osd}, checkpoint_id=ckpt_dir)
+    found = [None] * dist.get_world_size()
+    dist.all_gather_object(found, first_nonfinite({"optimizers": osd}))
+    bad = next(filter(None, found), None)  # the first rank's, that every rank raises
+    if bad is not None:
+        raise RunDirError(poisoned(f"{ckpt_dir} (optimizer shards)", *bad))
     set_optimizer_state_dict(model, opts, osd)
     torch.set_rng_state(state["rng"])
     return state

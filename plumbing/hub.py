@@ -148,6 +148,9 @@ def resolve_checkpoint(name):
         return _download(name)
     if name.endswith(".gguf") or os.sep in name or name.startswith((".", "~")):
         raise CheckpointError(f"no such file or directory: {name}")
+    if name == "out":  # nanoGPT's default directory, before anything was trained into it
+        raise CheckpointError("no checkpoint in out/ yet: train one there (python train.py, or python train.py "
+                              "--config config/cpu_depth.json --out_dir out), or sample a parent: --init smollm2")
     raise CheckpointError(f"unknown checkpoint {name!r}: use a short name ({', '.join(SHORT_NAMES)}), a hub id "
                           "(org/name), a checkpoint directory or a .gguf file")
 

@@ -21,6 +21,7 @@ import torch
 from families import FAMILIES, GGUF_ARCHITECTURES, HF_MODEL_TYPES
 from plumbing import gguf
 from plumbing.cli import read_json
+from plumbing.finite import check_finite
 
 
 class SurgeryError(Exception):
@@ -66,15 +67,17 @@ def parent_config(hf):
 
 
 def read_weights(path, fix):
-    """The tensors of one safetensors file; a missing or damaged one is a one-line SurgeryError naming it and
-    saying what to do (fix)."""
+    """The tensors of one safetensors file; a missing or damaged one, or one holding a NaN or inf, is a one-line
+    SurgeryError naming it (and saying what to do: fix)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     try:
-        return load_file(path)
+        sd = load_file(path)
     except (FileNotFoundError, SafetensorError, OSError) as err:
         raise SurgeryError(f"cannot read {path} ({err}): {fix}") from None
+    check_finite(sd, path, SurgeryError)
+    return sd
 
 
 def load_hf_dir(path):
@@ -114,6 +117,7 @@ def load_gguf(path):
         if arch not in GGUF_ARCHITECTURES:
             raise SurgeryError(f"{path}: only {'/'.join(GGUF_ARCHITECTURES)}-architecture GGUF files are supported")
         tensors = gguf.load_tensors(path, index)
+        check_finite({k: torch.from_numpy(v) for k, v in tensors.items()}, path, SurgeryError)  # llama.cpp's names
     except (gguf.GGUFError, OSError) as err:
         raise SurgeryError(f"cannot read {path} as GGUF ({err}): download it again") from None
     family = FAMILIES[GGUF_ARCHITECTURES[arch]]

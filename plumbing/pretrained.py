@@ -18,6 +18,7 @@ import os
 from dataclasses import asdict, fields
 
 from plumbing.cli import read_json
+from plumbing.finite import check_finite
 from plumbing.hf_remote import write_remote_code
 
 # config.json keys that are not model fields: ours ("train": the run) and those transformers reads or writes
@@ -57,6 +58,7 @@ def load(cls, path, device="cpu", **overrides):
         sd = load_file(os.path.join(path, "model.safetensors"))
     except (FileNotFoundError, SafetensorError, OSError) as err:
         raise ValueError(f"cannot read {path}/model.safetensors ({err}): rerun surgery.py or restore it") from None
+    check_finite(sd, f"{path}/model.safetensors")
     try:
         return cls.from_state_dict(config, sd, device)
     except ValueError as err:

@@ -42,6 +42,7 @@ import torch
 
 from families import FAMILIES, RAVEN_EXPORT, RAVEN_VARIANTS
 from plumbing.cli import read_json
+from plumbing.finite import check_finite
 from plumbing.hf_remote import write_remote_code, written_by_nanorecur
 from model import RecurrentConfig, RecurrentGPT
 from plumbing.pretrained import write_json_atomic
@@ -127,6 +128,7 @@ def read_raven_tensors(path):
             shard = load_file(os.path.join(path, name))
         except Exception as err:  # safetensors raises several types for a damaged or missing shard
             raise RavenError(f"cannot read {path}/{name} ({err}): download it again") from None
+        check_finite(shard, f"{path}/{name}", RavenError)
         # published weights are bf16; CPU work here is fp32 (a cast up is exact), one shard at a time
         sd.update({k: v.float() for k, v in shard.items()})
     return sd

@@ -23,6 +23,7 @@ from plumbing import checkpoint
 from plumbing.checkpoint import RunDirError
 from plumbing.cli import git_commit, read_json, ready_out_dir
 from plumbing.device import cpu_bf16, is_dtensor
+from plumbing.finite import check_finite
 from plumbing.model_card import write_model_card
 
 
@@ -124,10 +125,12 @@ def saved_precision(saved):
 
 
 def load_train_state(ckpt_dir, step, opts):
-    """Optimizer states and RNG of a verified save (checkpoint.find), loaded as tensors and plain data only."""
+    """Optimizer states and RNG of a verified save (checkpoint.find), loaded as tensors and plain data only;
+    a NaN or inf in a moment is refused (it would poison the weights at the first step)."""
     state = checkpoint.load_state(ckpt_dir)
     if state.get("step") != step:
         raise RunDirError(f"--resume: {ckpt_dir}/train_state.pt is of step {state.get('step')}, its manifest of {step}")
+    check_finite({"optimizers": state["optimizers"]}, f"{ckpt_dir}/train_state.pt", RunDirError)
     if len(state["optimizers"]) != len(opts):
         raise RunDirError("--resume: the checkpoint was trained with another --optimizer")
     for o, sd in zip(opts, state["optimizers"]):

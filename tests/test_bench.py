@@ -71,3 +71,13 @@ def test_kill_save_smoke():
 def test_bench_compile_smoke():
     """~2 min cold (torch.compile of the tiny blocks), seconds once inductor's cache holds them."""
     bench("bench/bench_compile.py", "--smoke", timeout=900)
+
+
+def test_bench_finite_smoke(tmp_path):
+    torch = pytest.importorskip("torch")
+    from model import RecurrentConfig, RecurrentGPT
+
+    torch.manual_seed(0)
+    RecurrentGPT(RecurrentConfig(vocab_size=14)).save_pretrained(tmp_path / "ckpt")
+    out = bench("bench/bench_finite.py", "--smoke", "--ckpt", str(tmp_path / "ckpt"))
+    assert "safetensors warm" in out and "safetensors cold" in out

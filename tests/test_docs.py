@@ -3,6 +3,10 @@ The documentation runs: every ```python block of README.md and RESULTS.md is exe
 directory, and a block followed by "prints" and a code block must print exactly that. A block whose first
 line is `# needs: a GPU` or `# needs: the hub` is skipped (it says so to the reader too). Blocks that read
 `out/smollm2_2_2_2` get it from the README's own surgery command (the offline SmolLM2 GGUF).
+Every ```bash block of the README runs too, in order, in one scratch copy of the repository, unless its first
+line says why not (`# not run by the tests: ...`: minutes of training, a GPU, the demo's outputs); the plain
+block right after it is what it prints: those lines must appear, one after another, in what the commands print,
+with the numbers of times and speeds (which vary by machine and load) masked.
 And the words a reader sees speak of the recipe, not of how the work on it was organized.
 
     python -m pytest -q tests/test_docs.py
@@ -10,6 +14,7 @@ And the words a reader sees speak of the recipe, not of how the work on it was o
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -79,6 +84,76 @@ def test_python_block_runs(workdir, name, line, code, expected):
     assert res.returncode == 0, f"{name} line {line} failed:\n{res.stderr[-3000:]}"
     if expected is not None:
         assert res.stdout == expected, f"{name} line {line} printed\n{res.stdout}\ninstead of\n{expected}"
+
+
+NOT_RUN = "# not run by the tests:"
+TIMED = re.compile(r"\d+(\.\d+)?(?=\s?(s\b|tok/s|ms\b|MiB|GiB))|(?<=decode kernel: )\S+.*")
+
+
+def bash_blocks(name="README.md"):
+    """[(first line number, commands, shown output or None)] of a markdown file's bash blocks; commands joined
+    across trailing backslashes, comments and blank lines dropped."""
+    with open(os.path.join(REPO, name)) as f:
+        text = f.read()
+    fences = list(FENCE.finditer(text))
+    out = []
+    for i, m in enumerate(fences):
+        if m.group(1) != "bash":
+            continue
+        shown = None
+        if i + 1 < len(fences) and fences[i + 1].group(1) == "" and not text[m.end():fences[i + 1].start()].strip():
+            shown = fences[i + 1].group(2)
+        commands = [c.split(" #")[0].strip() for c in m.group(2).replace("\\\n", " ").splitlines()]
+        out.append((text.count("\n", 0, m.start()) + 1, m.group(2), [c for c in commands if c and not c.startswith("#")],
+                    shown))
+    return out
+
+
+def masked(lines):
+    return [TIMED.sub("#", line.rstrip()) for line in lines]
+
+
+def test_bash_blocks_are_found_and_marked():
+    blocks = bash_blocks()
+    run_here = [b for b in blocks if not b[1].startswith(NOT_RUN)]
+    assert len(run_here) >= 3 and all(shown for *_, shown in run_here if "surgery.py" in " ".join(_[1]))
+    assert any(b[1].startswith(NOT_RUN) for b in blocks)  # the long ones say so
+    shown = "prefill 0.09s, decode 24.2 tok/s, KV cache 1.3 MiB; decode kernel: numpy (cached: plain 113.93)"
+    assert masked([shown]) == ["prefill #s, decode # tok/s, KV cache # MiB; decode kernel: #"]
+
+
+@pytest.fixture(scope="module")
+def scratch_repo(tmp_path_factory):
+    """A copy of the repository's files (the commands write data/ and out/ as a user's would, not into the repo)."""
+    dst = tmp_path_factory.mktemp("readme")
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    for f in files:
+        if os.path.isfile(os.path.join(REPO, f)):
+            os.makedirs(os.path.dirname(os.path.join(dst, f)) or dst, exist_ok=True)
+            shutil.copy(os.path.join(REPO, f), os.path.join(dst, f))
+    return dst
+
+
+BASH_CASES = [pytest.param(line, code, commands, shown, id=f"README.md:{line}") for line, code, commands, shown in
+              bash_blocks() if not code.startswith(NOT_RUN)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("line, code, commands, shown", BASH_CASES)
+def test_bash_block_prints_what_the_readme_shows(scratch_repo, line, code, commands, shown):
+    printed = []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1",
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    for cmd in commands:
+        res = subprocess.run(cmd, shell=True, cwd=scratch_repo, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=900)  # as a terminal shows them
+        assert res.returncode == 0, f"README.md line {line}: {cmd}\n{res.stdout[-2000:]}"
+        printed += res.stdout.splitlines()
+    if shown is None:
+        return
+    want, got = masked(shown.splitlines()), masked(printed)
+    assert any(got[i:i + len(want)] == want for i in range(len(got) - len(want) + 1)), \
+        f"README.md line {line} shows\n" + "\n".join(want) + "\nbut the commands printed\n" + "\n".join(got)
 
 
 # words about how the work was organized, and paths to files outside the repository

@@ -161,3 +161,9 @@ def test_cli_prints_path_or_one_line_error(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "plumbing.hub", str(d)], env=env, cwd=ROOT, capture_output=True, text=True,
                         timeout=60)
     assert ok.returncode == 0 and ok.stdout.strip() == str(d.resolve())
+
+
+def test_sample_without_out_says_how_to_get_a_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no out/ here: sample.py's default --init
+    with pytest.raises(hub.CheckpointError, match=r"no checkpoint in out/ yet: train one there .* --init smollm2"):
+        hub.resolve_checkpoint("out")
