@@ -77,3 +77,19 @@ def test_verdicts():
         stats.paired(np.zeros((5, 3)), np.zeros((5, 4)))
     with pytest.raises(ValueError, match="two seeds or more"):
         stats.bootstrap_interval([[0.1, 0.2]])
+
+
+def test_the_rules_file_covers_every_claim():
+    """experiments/rules.json: one rule per claim of experiments/claims.py, each with its arms, a known kind and a
+    margin; a verdict needs five seeds, read on the test split; every change lists its old rule and reason."""
+    import json
+    from pathlib import Path
+
+    from experiments.claims import CLAIMS
+
+    rules = json.loads((Path(__file__).resolve().parents[1] / "experiments" / "rules.json").read_text())
+    assert set(rules["claims"]) == set(CLAIMS)
+    assert rules["split"] == "test" and len(rules["seeds"]) >= rules["min_seeds"] == stats.MIN_SEEDS
+    for name, rule in rules["claims"].items():
+        assert rule["kind"] in stats.KINDS and rule["margin"] >= 0 and rule["arms"] and rule["holds"], name
+    assert all({"rule", "old", "reason"} <= set(c) for c in rules["changes"])
