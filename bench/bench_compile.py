@@ -13,9 +13,9 @@ first calls) is timed on its own and left out of the rates. The model is
 SmolLM2-135M's shape (h 576, 9 heads / 3 KV, MLP 1536, vocab 49152, tied head) cut (2,2,2) with random weights,
 or with --init smollm2 the offline SmolLM2-135M-Instruct cut (2,2,2) by surgery.load_model.
 
-    python bench/bench_compile.py                    # CPU, 1 thread: ~10 min on 2 shared cores, ~3 of it compiling
+    python bench/bench_compile.py                    # CPU, 1 thread (compiling is much of its time)
     python bench/bench_compile.py --init smollm2     # the offline parent's weights
-    python bench/bench_compile.py --smoke            # tiny shapes, the same code: ~2 min cold, seconds once cached
+    python bench/bench_compile.py --smoke            # tiny shapes, the same code (fast once cached)
 """
 
 import argparse

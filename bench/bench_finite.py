@@ -4,7 +4,7 @@ on a safetensors checkpoint of ours and on the offline SmolLM2 GGUF (a parent: r
 timed with the check and with it replaced by a no-op, alternating, the median of --repeats. "warm": the files
 are in the page cache; "cold": their pages are dropped first (posix_fadvise DONTNEED, no root needed), so that a
 check that touches every byte of a memory-mapped file pays its reading where the load alone would not. The
-budget is the larger of 5% of the load and 0.5 s.
+budget is the larger of 5% of the load and half a second.
 
     python surgery.py --init=smollm2 --shape 2,2,2 --out out/x     # the safetensors checkpoint
     python bench/bench_finite.py --ckpt out/x

@@ -1,7 +1,7 @@
 """
 GPU benchmark of retrofitted recurrence (McLeish et al. 2025, arXiv 2511.07384) on random weights in the
 shapes of Llama-3.2-1B cut (4,6,4) (h 2048, 32 heads / 8 KV, head_dim 64, MLP 8192, vocab 128256, rope
-theta 500000 with llama3 scaling, tied head): nothing is downloaded. One command, under 5 minutes on one
+theta 500000 with llama3 scaling, tied head): nothing is downloaded. One command, a few minutes on one
 H100/H200:
 
   1. train-step throughput in bf16 autocast with fp32 master weights (train.py's path: its optimizers, the

@@ -18,11 +18,11 @@ offline SmolLM2-135M-Instruct and, when given, a depth-task model trained by tra
    NLL of each output under the sequential model), and the speed-quality frontier as a PNG (--plot).
 Figures go to standard error, one table per section.
 
-    python bench/bench_sample.py --sections 1,2,4                  # ~6 min, 1 CPU thread
+    python bench/bench_sample.py --sections 1,2,4                  # 1 CPU thread
     python bench/bench_sample.py --sections 5 --cot_ckpt out/depth_cot_loop --text_ckpt out/smollm2_464_healed
     python bench/bench_sample.py --smoke                           # every section on tiny random models, seconds
     python data/depth/prepare.py --out_dir data/depth && python train.py --config config/cpu_depth.json
-    python bench/bench_sample.py --depth_ckpt out/depth --sections 3  # ~1 min
+    python bench/bench_sample.py --depth_ckpt out/depth --sections 3
 Section 3 decodes teacher-forced, one position per step, so that the exit is per token; in a batch,
 rows that exited wait for the others, so "loops per token" counts the loops each token needed.
 """

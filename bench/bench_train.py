@@ -395,7 +395,7 @@ def bench_profile(args):
 
 
 def depth_rows():
-    """The depth task's train rows (seq_len 10 at test depth 9), made in a temporary dir in 0.5 s."""
+    """The depth task's train rows (seq_len 10 at test depth 9), made in a temporary dir."""
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, str(REPO / "data/depth/prepare.py"), "--out_dir", tmp, "--train_k", "6",
                         "--test_k", "9"], check=True, capture_output=True)

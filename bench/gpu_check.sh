@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU figures of one accelerator in about 3-4 minutes, on random weights (nothing downloaded, no GGUF):
+# The GPU figures of one accelerator in a few minutes, on random weights (nothing downloaded, no GGUF):
 #   1. bench/bench_gpu.py: the bf16 train step of Llama-3.2-1B's shape cut (4,6,4), eager, and decode against
 #      transformers' generate (its docstring says what each figure is);
 #   2. bench/bench_sample.py section 5's speed table: the diffusion-forcing sampler (diffusion.py, arXiv 2510.14961)

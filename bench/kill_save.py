@@ -13,7 +13,7 @@ leaves a partial file in an uncommitted directory, as a kill right after the ope
 
 The same hook can fail an operation with ENOSPC instead (a full disk), for tests/test_train.py.
 
-    python bench/kill_save.py                # the second save (~23 operations): ~2 min on 2 idle cores
+    python bench/kill_save.py                # the second save (~23 operations)
     python bench/kill_save.py --save 1 2 3   # every save; the first also makes the top-level links
 """
 

@@ -15,8 +15,8 @@ retrofit's "pretrained parent" is a tiny 8-layer static model pretrained here on
 seed): the paper's parents are pretrained LMs, ours knows one skill, composing S3 elements a few times, and
 the retrofit must learn to loop it (a cut (2,2,2) of it by surgery.py, whose [0 | I] adapter makes r = 1 the
 layer-dropped parent). The text half of claim 2 cuts the real SmolLM2-135M
-(the offline GGUF). A SmolLM2 retrofit on the depth task takes ~45 minutes a seed (make retrofit_depth), too
-slow for this command.
+(the offline GGUF). A SmolLM2 retrofit on the depth task (make retrofit_depth) is too slow a seed for this
+command.
 
 "Holds" is decided per claim by a rule stated with it (usually: the effect has the paper's sign on every
 seed, paired by seed); a claim that does not hold is reported with its figures like one that does.
@@ -59,10 +59,9 @@ def paths(out):
                 parent=out / "arms" / "parent" / "seed_1337", cut=out / "cut")
 
 
-# Training steps per arm family, chosen so that the whole command fits ~60 minutes on 2 idle cores (at 1000
-# steps for every tiny arm and 20 for the text arms it took 77 min, RESULTS.md "Do the papers' claims hold"): from scratch (claims 1,
-# 3, 4), the retrofit and the baselines it is compared with at equal steps (claims 1, 2, 5-8), the SmolLM2 text
-# arms (claim 2, ~10 s a step on one thread).
+# Training steps per arm family, chosen so that the whole command fits about an hour on 2 idle cores (RESULTS.md
+# "Do the papers' claims hold" has its times): from scratch (claims 1, 3, 4), the retrofit and the baselines it
+# is compared with at equal steps (claims 1, 2, 5-8), the SmolLM2 text arms (claim 2).
 STEPS = {"scratch": 800, "retrofit": 500, "text": 10}
 
 
