@@ -5,7 +5,7 @@ The recipe of McLeish et al. 2025 (arXiv 2511.07384, "retrofitted recurrence"): 
 draws a loop count r from a Poisson-lognormal around a mean rbar (r = Poisson(exp(tau)) + 1,
 tau ~ N(log rbar - sigma^2/2, sigma)), seeded by the step so every rank agrees; rbar can follow a
 curriculum (linear or 1-sqrt) up to its final value; only the last k loops keep activations for
-backprop (truncated backprop through depth, k = 8). Muon trains every 2-D block matrix and the
+backprop (truncated backprop, k = --grad_loops, 8). Muon trains every 2-D block matrix and the
 adapter, AdamW the embeddings, head, norms and biases, under a warmup-stable-decay schedule.
 --step_supervision adds the per-loop readout loss of arXiv 2608.11233: after loop i the coda reads
 out and is trained on the labels of task depth <= i (data with DIR/{split}_step.bin).
@@ -13,18 +13,15 @@ out and is trained on the labels of task depth <= i (data with DIR/{split}_step.
     python train.py                                       # offline default: SmolLM2 (6,8,6) on data/sotu
     python data/depth/prepare.py --out_dir data/depth && python train.py --config config/cpu_depth.json
     python train.py --init=llama --shape 4,6,4 --data data/fineweb_edu --out_dir out/phase1
-    python train.py --config config/llama_4_6_4.json      # phase 1; phase 2: see that file's "phase2"
-    torchrun --standalone --nproc_per_node=8 train.py --config config/llama_4_6_4.json
-    torchrun --standalone --nproc_per_node=8 train.py --config config/llama_4_6_4.json --fsdp  # plumbing/fsdp.py
-    python train.py --resume                              # continue the run in out/ exactly where it stopped
-                                                          # (with the same flags: see RESUME_MAY_CHANGE)
+    torchrun --standalone --nproc_per_node=8 train.py --config config/llama_4_6_4.json [--fsdp]  # phase 1
+    python train.py --resume                              # continue out/ where it stopped (RESUME_MAY_CHANGE)
 
 Outputs in --out_dir: model.safetensors + config.json (run config under "train"), tokenizer files,
 train_state.pt (optimizers, step, RNG), log.jsonl (one line per optimizer step and per eval). The first
 three are links into the current save under ckpt/, switched together by one atomic rename
 (plumbing/checkpoint.py); one process at a time owns the directory (.lock); a loss that diverges stops
-the run before it is saved (--diverge_factor, plumbing/guards.py). The batches (plumbing/batches.py) and
-everything about the run directory (plumbing/run_dir.py) are functions a reader of the recipe may skip.
+the run before it is saved (plumbing/guards.py). The batches (plumbing/batches.py) and the run directory
+(plumbing/run_dir.py) are functions a reader of the recipe may skip.
 """
 
 import contextlib
@@ -415,9 +412,8 @@ def save_due(run, args):
 
 
 def evaluate(run, args):
-    """The master's evaluation at run.step (under --fsdp every rank's, each holding a shard): the validation loss
-    at each r and the adapter's norms, logged and printed; the run stops if the model about to be saved
-    diverged. Returns the seconds estimate_loss took."""
+    """The master's evaluation at run.step (under --fsdp every rank's): the dev loss at each r and the adapter's
+    norms, logged and printed; a diverged model stops the run before it is saved. Returns estimate_loss's seconds."""
     model = run.model
     eval_r = int_list(args.eval_r, "--eval_r") if model.config.recurrent else [1]  # a static model runs its core once
     eval_r = [args.exit_gate_r] if args.exit_gate else eval_r  # the gate's loss; the frozen model's would not move
