@@ -14,8 +14,6 @@ a NaN in a moment poisons the weights at the first step.
 
 import torch
 
-from plumbing.device import is_dtensor
-
 
 def named_tensors(obj, prefix=""):
     """(name, tensor) for every tensor in obj: a tensor, or dicts and lists of them (an optimizer's state_dict),
@@ -35,7 +33,7 @@ def first_nonfinite(obj):
     what saying how many of each; None when there is none. A tensor's min and max are NaN when it holds a NaN
     and +-inf when it holds an inf: one pass over its bytes, without isfinite's boolean copy of the tensor."""
     for name, t in named_tensors(obj):
-        t = t.to_local() if is_dtensor(t) else t  # a --fsdp shard: this rank's rows
+        t = t.to_local() if hasattr(t, "to_local") else t  # a --fsdp DTensor: this rank's rows
         if not t.is_floating_point() or t.numel() == 0:
             continue
         lo, hi = torch.aminmax(t.detach())
