@@ -202,8 +202,8 @@ def test_auto_trains_in_bf16_where_the_cpu_multiplies_it_natively(depth_dir, tmp
     native_bf16(monkeypatch, native)
     default = ns_dtype(Muon([torch.zeros(2, 2)]).param_groups[0], torch.device("cpu"))  # Muon's own rule
     nss = []
-    real = train.Muon.__init__
-    monkeypatch.setattr(train.Muon, "__init__", lambda self, *a, **kw: nss.append(kw["ns_dtype"]) or real(self, *a, **kw))
+    real = Muon.__init__
+    monkeypatch.setattr(Muon, "__init__", lambda self, *a, **kw: nss.append(kw["ns_dtype"]) or real(self, *a, **kw))
     same = "bf16" if native else "off"
     for name, choice in (("auto", "auto"), ("same", same)):
         train.main([*TINY, f"--autocast={choice}", "--data", str(depth_dir), "--out_dir", str(tmp_path / name)])
