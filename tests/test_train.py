@@ -261,8 +261,9 @@ def test_killed_run_leaves_loadable_checkpoint(depth_dir, tmp_path):
 def test_nan_loss_is_skipped_then_stops(depth_dir, tmp_path):
     ckpt = tmp_path / "nan"
     model = RecurrentGPT(RecurrentConfig(vocab_size=14, n_embd=32, n_head=2, n_kv_head=2, head_dim=16, n_core=1))
-    with torch.no_grad():
-        model.coda[0].mlp.down_proj.weight[0, 0] = float("nan")
+    with torch.no_grad():  # finite weights (a NaN one is refused at load) whose products overflow: the loss is NaN
+        model.coda[0].post_attention_layernorm.weight.fill_(1e15)
+        model.coda[0].mlp.down_proj.weight.fill_(1e15)
     model.save_pretrained(ckpt)
     out = tmp_path / "nan_run"
     p = run_train([*TINY, "--init", str(ckpt), "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=20",
