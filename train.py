@@ -15,6 +15,7 @@ out and is trained on the labels of task depth <= i (data with DIR/{split}_step.
     python train.py --init=llama --shape 4,6,4 --data data/fineweb_edu --out_dir out/phase1
     torchrun --standalone --nproc_per_node=8 train.py --config config/llama_4_6_4.json [--fsdp]  # phase 1
     python train.py --resume                              # continue out/ where it stopped (RESUME_MAY_CHANGE)
+    torchrun --max-restarts 3 ... train.py --resume auto  # resume when out/ holds a save; SIGTERM saves, exits 75
 
 Outputs in --out_dir: model.safetensors + config.json (run config under "train"), tokenizer files,
 train_state.pt (optimizers, step, RNG), log.jsonl (one line per optimizer step and per eval). The first
@@ -36,7 +37,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from plumbing import checkpoint, guards, run_dir
+from plumbing import checkpoint, guards, preempt, run_dir
 from plumbing.batches import accumulation, batch_rows, get_batch, labeled_length, open_splits, state_seeds
 from plumbing.cli import config_defaults, flag_parser, int_list
 from plumbing.device import compile_blocks, precision_context, setup, train_precision
@@ -112,7 +113,9 @@ RUN_FLAGS = dict(
     seed=(1337, "seeds the data order, r and s_0 draws, and a scratch model's init"),
     resume=(False, "continue the run in --out_dir exactly where it stopped, with its flags: only max_iters, eval_*, "
                    "log_interval, ckpt_minutes, device, compile, max_bad_steps, diverge_*, peak_flops and autocast "
-                   "(keeping the run's precision) may differ"),
+                   "(keeping the run's precision) may differ; auto: continue when --out_dir holds a complete "
+                   "checkpoint, start fresh when it holds none (a requeued job, torchrun's restarts)",
+            (False, True, "auto")),
 )
 FLAGS = {**RECIPE_FLAGS, **RUN_FLAGS, **SYSTEM_FLAGS}
 FLAG_NAMES = {"backprop_depth": "grad_loops"}  # the command-line name of a flag saved under an older key
@@ -295,16 +298,19 @@ def train(args):
     run = start_run(args)  # device, data, model and optimizers (or the --resume's save), the run directory
     saver = run.master or args.fsdp  # who evaluates and saves: the master, or under --fsdp every rank (its shard)
     while True:
+        stop = preempt.agreed(run.device)  # SIGTERM/SIGUSR1 on any rank: every rank saves this step and exits
         # evaluate and save; a resumed run's first step was evaluated (and logged) before its save
         evaluating = (run.step % args.eval_interval == 0 or run.step == args.max_iters) and \
             not (args.resume and run.step == run.start_step)
         if evaluating and saver:
             run.eval_s = evaluate(run, args)
-        if saver and should_save(run, at_eval=evaluating):
+        if saver and should_save(run, at_eval=evaluating, due=stop):  # a preemption cannot wait for the next loss
             run.t_saved = run.save(run.step)
         due = not evaluating and save_due(run, args)
         if run.step >= args.max_iters:
             break
+        if stop:
+            preempt.leave(stop, run.step, args.out_dir)  # the ranks meet after the save; raises preempt.Preempted
         # one optimizer step: r and its split into loops without and with gradient, forward and backward
         t0 = time.time()
         r, num_steps = sample_loops(run.step, args, run.model.config.recurrent)
@@ -438,6 +444,7 @@ def start_run(args):
     if rank == 0:
         print(f"precision: {precision} ({why})")
     lock = run_dir.claim(args.out_dir, rank == 0)  # out_dir writable, and this process its only owner
+    args.resume = run_dir.resolve_resume(args, rank == 0)  # --resume auto: resume a complete save, else start fresh
     # data first: its vocabulary sizes a scratch model, and its fingerprint must match the model's tokenizer
     try:  # the train and dev splits (plumbing/batches.py); per-loop supervision needs the labels' depths
         train_data, val_data = open_splits(args.data, args.block_size, per_loop=args.step_supervision)
@@ -532,7 +539,8 @@ def main(argv=None):
     args = None
     try:
         args = parse_args(argv)
-        train(args)
+        with preempt.handlers(args.preempt_timeout, args.out_dir):  # SIGTERM, SIGUSR1: save the step, then exit
+            train(args)
         if args.push_to_hub and int(os.environ.get("RANK", 0)) == 0:  # the finished run, once (rank 0 of torchrun)
             try:
                 print(f"pushed {args.out_dir} to {push_to_hub(args.out_dir, args.push_to_hub, private=args.private)}")
@@ -540,6 +548,16 @@ def main(argv=None):
                 raise TrainError(f"{err} (the run itself is saved in {args.out_dir})") from None
     except (TrainError, checkpoint.RunDirError, guards.Stopped) as err:
         print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+    except preempt.Preempted as stop:  # saved: a scheduler requeues on this exit code (README, "On a cluster")
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(stop, file=sys.stderr)
+        sys.exit(preempt.EXIT_CODE)
+    except RuntimeError as err:  # under torchrun, a collective whose peer died: one line (others keep the traceback)
+        line = preempt.lost_rank(err, args.out_dir) if args is not None else None
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:  # Ctrl-C: stop where the run is, without writing a checkpoint mid-step
         where = run_dir.on_disk(args.out_dir) if args is not None else "nothing was started"

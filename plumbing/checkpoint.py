@@ -261,14 +261,19 @@ def verify(path):
     return None
 
 
+def saves(out_dir):
+    """The save directories under out_dir/ckpt, complete or not, the newest step first."""
+    ckpt = os.path.join(out_dir, "ckpt")
+    names = sorted(os.listdir(ckpt) if os.path.isdir(ckpt) else [], key=lambda n: step_of(n) or -1, reverse=True)
+    return [os.path.join(ckpt, n) for n in names]
+
+
 def find(out_dir):
     """(directory, step) of the save to resume from: the one `latest` points to when it verifies, else the
     newest other complete save (said in a printed note, with what is wrong with `latest`)."""
     first, _ = current(out_dir)
-    ckpt = os.path.join(out_dir, "ckpt")
-    names = sorted(os.listdir(ckpt) if os.path.isdir(ckpt) else [], key=lambda n: step_of(n) or -1, reverse=True)
-    candidates = ([first] if first else []) + [os.path.join(ckpt, n) for n in names
-                                               if not first or n != os.path.basename(first)]
+    candidates = ([first] if first else []) + [p for p in saves(out_dir)
+                                               if not first or os.path.basename(p) != os.path.basename(first)]
     problems = []
     for path in candidates:
         problem = verify(path)

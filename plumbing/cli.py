@@ -55,10 +55,22 @@ def str2bool(text):
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def bool_or(words):
+    """An argparse type for a bool flag that also takes the words in words (train.py's --resume auto)."""
+    def parse(text):
+        if text in words:
+            return text
+        try:
+            return str2bool(text)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected true, false or {' or '.join(words)}, got {text!r}") from None
+    return parse
+
+
 def flag_parser(description, groups, names=None):
     """argparse from flag tables {group title: {key: (default, help[, allowed values])}}, the groups in --help in
-    this order (train.py). A bool flag takes --key, --key=true or --key false; the allowed values show as argparse
-    shows choices, but the script checks them itself, from the command line and a --config file alike.
+    this order (train.py). A bool flag takes --key, --key=true or --key false (and the words among its allowed
+    values: --resume auto); the allowed values show as argparse shows choices, but the script checks them itself, from the command line and a --config file alike.
     names {key: name}: a flag's name on the command line where it differs from the key it is saved under (the key
     stays a second name of the flag, and a --config file may use either)."""
     parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
@@ -69,7 +81,9 @@ def flag_parser(description, groups, names=None):
             text = text.replace("%", "%%") + " (default: %(default)r)"  # argparse %-formats help texts
             flag = [f"--{names[key]}", f"--{key}"] if key in names else [f"--{key}"]
             if isinstance(value, bool):
-                group.add_argument(*flag, dest=key, type=str2bool, nargs="?", const=True, default=value, help=text)
+                words = [c for c in (choices[0] if choices else ()) if isinstance(c, str)]
+                group.add_argument(*flag, dest=key, type=bool_or(words) if words else str2bool, nargs="?", const=True,
+                                   default=value, help=text)
             else:
                 metavar = "{" + ",".join(map(repr, choices[0])) + "}" if choices else names.get(key, key).upper()
                 group.add_argument(*flag, dest=key, type=type(value), default=value, help=text, metavar=metavar)

@@ -76,8 +76,11 @@ def setup(device="auto"):
     ddp = int(os.environ.get("RANK", -1)) != -1  # launched by torchrun
     if ddp:
         use_cuda = torch.cuda.is_available() and device in ("auto", "cuda")
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-        rank, world = dist.get_rank(), dist.get_world_size()
+        # torchrun's agent keeps one store across the group's restarts (--max-restarts): under a key of its own
+        # attempt a restarted rank cannot read the address a rank of the dead attempt published (gloo would try it)
+        store, rank, world = next(dist.rendezvous("env://"))
+        attempt = dist.PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", store=attempt, rank=rank, world_size=world)
         dev = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if use_cuda else "cpu")
         if use_cuda:
             torch.cuda.set_device(dev)

@@ -18,6 +18,7 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 
 from plumbing import checkpoint
 from plumbing.checkpoint import RunDirError
@@ -93,6 +94,26 @@ def find_resume(args, fingerprint, keys, may_change, master, precision):
     saved = read_json(os.path.join(ckpt_dir, "config.json")).get("train", {})
     check_resume(args, saved, fingerprint, keys, may_change, precision)
     return ckpt_dir, step
+
+
+def resolve_resume(args, master):
+    """--resume as True or False. auto (what a requeued job or torchrun's restarts run: one command line, again
+    and again) is True when out_dir holds a save that may be complete: then --resume's checks apply, and a save
+    of another run, or a committed one that is damaged, is refused as --resume refuses it. It is False when out_dir
+    holds no committed save and no complete one (none yet, or the first save was killed before its commit): a
+    fresh start, whose log drops the lines of the attempt that saved nothing. The master decides for every rank."""
+    if args.resume != "auto":
+        return bool(args.resume)
+    found = [None]
+    if master:
+        committed = checkpoint.current(args.out_dir)[0] is not None
+        legacy = os.path.isfile(os.path.join(args.out_dir, "train_state.pt"))  # an older train.py's: find() names it
+        found = [committed or legacy or any(checkpoint.verify(p) is None for p in checkpoint.saves(args.out_dir))]
+        if not found[0]:
+            trim_log(os.path.join(args.out_dir, "log.jsonl"), -1)
+    if dist.is_initialized():
+        dist.broadcast_object_list(found, src=0)
+    return found[0]
 
 
 def check_resume(args, saved, fingerprint, keys, may_change, precision):

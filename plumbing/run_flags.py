@@ -23,6 +23,9 @@ SYSTEM_FLAGS = dict(
                  "plumbing/fsdp.py) instead of DDP's full copy on each; for parents DDP cannot hold"),
     autocast=("auto", "bf16 autocast, fp32 weights: auto (on CUDA and a CPU with native bf16, plumbing/device.py) | "
                       "bf16 (any CPU too) | off (fp32)", AUTOCAST),
+    preempt_timeout=(300.0, "after SIGTERM or SIGUSR1 (a preemption: the step is saved, exit code 75, "
+                            "plumbing/preempt.py): seconds to finish the step and save before giving up in one line "
+                            "(a rank died or hangs); keep it under the scheduler's grace period"),
     max_bad_steps=(5, "stop after this many NaN/inf steps in a row (each is skipped)"),
     diverge_factor=(4.0, "a train loss over this times its running level and 1 nat above it is a spike (never "
                          "saved); 0 = off"),
@@ -44,6 +47,7 @@ def check_flags(args, choices):
     at_least(args, 1, "eval_interval", "eval_iters", "batch_size", "block_size", "max_bad_steps", "diverge_steps",
              "log_interval", "mean_recurrence", "backprop_depth")
     at_least(args, 0, "max_iters", "warmup_iters", "total_batch_tokens", "recurrence_sigma", "grad_clip")
+    at_least(args, 1, "preempt_timeout")
     if args.fsdp:  # plumbing/fsdp.py only where --fsdp asks for it: its torch.distributed.checkpoint and DTensor
         from plumbing import fsdp  # imports are slow, and a run without --fsdp need not pay for them
 

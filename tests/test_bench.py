@@ -81,3 +81,8 @@ def test_bench_finite_smoke(tmp_path):
     RecurrentGPT(RecurrentConfig(vocab_size=14)).save_pretrained(tmp_path / "ckpt")
     out = bench("bench/bench_finite.py", "--smoke", "--ckpt", str(tmp_path / "ckpt"))
     assert "safetensors warm" in out and "safetensors cold" in out
+
+
+def test_faults_smoke():
+    out = bench("bench/faults.py", "--cases", "bad_flag,sample_nothing")
+    assert "(bad_flag" in out and "exit 1; printed `error: --shape '1,1'" in out and "(sample_nothing" in out
