@@ -162,7 +162,7 @@ def full_disk(tmp, data, done):
     return "the disk full during the second save (train_state.pt's first write)", code, line, kept(out)
 
 
-def damaged(name, how):
+def damaged(how):
     def case(tmp, data, done):
         bad = tmp / "bad"
         shutil.copytree(done, bad, symlinks=False)
@@ -240,8 +240,8 @@ def sample_nothing(tmp, data, done):
 CASES = {"sigterm": preempt_case(signal.SIGTERM), "sigusr1": preempt_case(signal.SIGUSR1), "ctrl_c": ctrl_c,
          "sigkill": sigkill, "torchrun_sigterm": torchrun_sigterm, "torchrun_kill": torchrun_kill,
          "resume_nothing": resume_nothing, "resume_other": resume_other, "second_process": second_process,
-         "full_disk": full_disk, "truncated_safetensors": damaged("t", truncate), "nan_weights": damaged("n", poison),
-         "config_mismatch": damaged("c", mismatch), "corrupt_gguf": corrupt_gguf, "truncated_data": truncated_data,
+         "full_disk": full_disk, "truncated_safetensors": damaged(truncate), "nan_weights": damaged(poison),
+         "config_mismatch": damaged(mismatch), "corrupt_gguf": corrupt_gguf, "truncated_data": truncated_data,
          "other_vocabulary": other_vocabulary, "bad_flag": bad_flag, "out_dir_file": out_dir_file,
          "sample_nothing": sample_nothing}
 

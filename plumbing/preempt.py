@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from plumbing.checkpoint import current
+from plumbing.run_dir import on_disk
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # sysexits.h's EX_TEMPFAIL, "try again later": saved, to be run again. Not 1 (an error), 2 (a bad flag), 130
@@ -57,10 +58,8 @@ def _watch(fd, timeout, out_dir, done):
         signalled = any(b in SIGNALS for b in data)  # other bytes are other signals' (SIGINT's)
     if done.wait(timeout):  # handlers() ended in time: the process lives on (a test that called train.main)
         return os.close(fd)
-    _, step = current(out_dir)
-    kept = f"the checkpoint of step {step} in {out_dir} is whole" if step is not None else f"{out_dir} holds no checkpoint"
     print(f"error: preempted, and the save or another rank did not finish within --preempt_timeout {timeout:g} s "
-          f"(a rank died or hangs): giving up; {kept}; run the same command with --resume auto", file=sys.stderr,
+          f"(a rank died or hangs): giving up; {on_disk(out_dir)}; run the same command with --resume auto", file=sys.stderr,
           flush=True)
     os._exit(EXIT_CODE)
 
@@ -121,7 +120,5 @@ def lost_rank(err, out_dir):
     if not dist.is_initialized() or not any(word in text for word in ("gloo", "NCCL", "Connection")):
         return None
     reason = text.split("This is typically")[0].split("] ", 1)[-1].strip().rstrip(".")  # gloo's own words
-    _, step = current(out_dir)
-    kept = f"the checkpoint of step {step} in {out_dir} is untouched" if step is not None else f"{out_dir} holds no checkpoint"
-    return (f"error: another rank of this run died or lost its connection ({reason}): {kept}; torchrun --max-restarts "
+    return (f"error: another rank of this run died or lost its connection ({reason}): {on_disk(out_dir)}; torchrun --max-restarts "
             f"starts the group again, and --resume auto continues from there")
