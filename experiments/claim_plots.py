@@ -54,10 +54,11 @@ def curves(ax, A, names, key, ylabel):
     ax.legend(fontsize=7)
 
 
-def plot(name, A, measured, path, steps):
-    """Claim name's figure to path: A the arms' seed summaries, measured its summary's figures, steps claims.STEPS."""
+def plot(name, A, measured, path, steps, loop_r):
+    """Claim name's figure to path: A the arms' seed summaries, measured its summary's figures, steps claim_arms.STEPS,
+    loop_r the loop's r against the baselines (rules.json)."""
     plt = pyplot()
-    two = name in ("loops", "pretrained", "optimizer", "supervision")
+    two = name in ("loops", "pretrained", "optimizer", "supervision", "cot")
     fig, axes = plt.subplots(1, 2 if two else 1, figsize=(11 if two else 6, 4), squeeze=False)
     ax = axes[0]
     if name == "loops":
@@ -65,30 +66,43 @@ def plot(name, A, measured, path, steps):
         by_r(ax[1], A, ["retrofit", "scratch"], 9, "k=9 (1.5x, beyond)")
     elif name == "pretrained":
         by_r(ax[0], A, ["retrofit", "random"], "trained", "depth task, k <= 6")
-        loss = measured["text_val_loss_r4"]
-        ax[1].bar(list(loss), [v["mean"] for v in loss.values()], yerr=[v["std"] for v in loss.values()], capsize=4)
-        ax[1].set(ylabel=f"val loss at r=4 after {steps['text']} steps", title="SmolLM2 (2,2,2) on data/sotu")
+        arms = ["text_pretrained", "text_embeddings", "text_random"]
+        loss = [np.array(A[n].table["val_loss"]["4"]["values"]) for n in arms]
+        ax[1].bar([n[5:] for n in arms], [v.mean() for v in loss], yerr=[v.std(ddof=1) for v in loss], capsize=4)
+        ax[1].axhline(measured["uniform_loss"], color="grey", lw=0.8, ls=":")  # uniform over the vocabulary
+        ax[1].set(ylabel=f"dev loss at r=4 after {steps['text']} steps", title="SmolLM2 (2,2,2) on data/sotu")
     elif name == "curriculum":
         for i, arm in enumerate(["scratch", "curriculum_linear", "curriculum_1sqrt"]):
-            for j, (f, l) in enumerate(A[arm].loss_curves()):
+            for j, (f, l) in enumerate(A[arm].dev_curves(6)):
                 ax[0].plot(f, l, color=f"C{i}", lw=0.8, label=("constant rbar" if arm == "scratch" else arm)
                            if j == 0 else None)
-        ax[0].set(xlabel="training FLOPs", ylabel="train loss (100-step mean)", yscale="log",
-                  title="loss against FLOPs (each seed)")
+        ax[0].set(xlabel="training FLOPs", ylabel="dev loss at r=6", yscale="log", title="loss against FLOPs (each seed)")
         ax[0].legend(fontsize=7)
     elif name == "optimizer":
-        names = list(dict.fromkeys(["muon_paper", "adamw_paper", A["_best_muon"].name, A["_best_adamw"].name]))
+        names = ["muon_paper", "adamw_paper", "adamw_control"]
         curves(ax[0], A, names, "loss", "train loss (25-step mean)")
         curves(ax[1], A, names, "grad_norm", "gradient norm (25-step mean)")
     elif name == "adapter":
         by_k(ax[0], A, [("retrofit_ss", 8), ("adapter_ss", 8)], "full blocks vs adapter only (frozen base)")
     elif name == "supervision":
-        by_k(ax[0], A, [("retrofit_ss", 16), ("retrofit", 16)], "per-loop vs outcome-only supervision")
-        by_r(ax[1], A, ["retrofit_ss", "retrofit"], 9, "k=9 (1.5x the trained depth)")
+        by_k(ax[0], A, [("retrofit_ss", 16), ("retrofit_final_only", 16), ("retrofit", 16)],
+             "per-loop vs final answer only vs every label")
+        for i, n in enumerate(["retrofit_ss", "retrofit_final_only", "retrofit"]):  # forced depth: r = d
+            f = measured["forced_depth"][n]
+            ax[1].plot([int(d) for d in f], [v["r=d"] for v in f.values()], "o-", color=f"C{i}", label=f"{n}, r = d")
+            ax[1].plot([int(d) for d in f], [v["r=d-1"] for v in f.values()], "x:", color=f"C{i}", label=f"{n}, r = d-1")
+        ax[1].set(xlabel="depth d", ylabel="accuracy", ylim=(0, 1.02), title="forced depth: d loops for depth d")
+        ax[1].legend(fontsize=6)
     elif name == "cot":
-        by_k(ax[0], A, [("retrofit_ss", measured["loop_r"]), ("cot", 1)], "loop vs token chain of thought")
+        by_k(ax[0], A, [("retrofit_ss", loop_r), ("cot", 1), ("cot_small", 1)], "loop vs token chains of thought")
+        for n in ("cot", "cot_small"):
+            diag = measured[f"{n}_diagnosis_by_depth"]
+            ax[1].plot([int(k) for k in diag], [v["right_prefix"] for v in diag.values()], "o-", label=n)
+        ax[1].plot(list(DEPTHS), list(DEPTHS), color="grey", lw=0.8, ls=":", label="the whole chain")
+        ax[1].set(xlabel="depth k", ylabel="right chain tokens before the first wrong one", title="what the chains write")
+        ax[1].legend(fontsize=7)
     elif name == "static":
-        by_k(ax[0], A, [("retrofit", measured["loop_r"]), ("static", 1)], "loop vs the uncut parent fine-tuned")
+        by_k(ax[0], A, [("retrofit", loop_r), ("static", 1)], "loop vs the uncut parent fine-tuned")
     fig.suptitle(f"claim: {name} (mean ± std over seeds)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -60,7 +60,7 @@ def trained_on(train_args):
 EVAL_DIRS = {"test": "eval", "dev": "eval_dev"}  # the split each seed is evaluated on -> its folder
 
 
-def seed_result(seed, out_dir, train_args, eval_r, eval_args):
+def seed_result(seed, out_dir, train_args, eval_r, eval_args, splits=tuple(EVAL_DIRS)):
     """The eval summaries {"test": ..., "dev": ...} of one seed: trained and evaluated now, or reused when
     OUT/seed_S holds the result of exactly this command. eval_args None: no depth evaluation (text data), the
     summary is the run's last validation losses (train.py's log.jsonl), under "test" alone."""
@@ -71,7 +71,7 @@ def seed_result(seed, out_dir, train_args, eval_r, eval_args):
     eval_cmds = {} if eval_args is None else {split: [
         sys.executable, "eval_math.py", "--init", str(run_dir), "--task", "depth", "--data", data,
         "--r", eval_r, "--split", split, "--out_dir", str(run_dir / folder), *eval_args]
-        for split, folder in EVAL_DIRS.items()}
+        for split, folder in EVAL_DIRS.items() if split in splits}
     stamp = run_dir / "repeat_command.json"
     want = {"train": train_cmd[1:], "eval": {split: cmd[1:] for split, cmd in eval_cmds.items()} or None}
     summary = run_dir / "eval" / "summary.json"
@@ -218,6 +218,8 @@ def main():
     ap.add_argument("--r", default="1,2,4,8,16,32", help="test loops of the evaluation")
     ap.add_argument("--eval_limit", type=int, default=0, help="first N rows of each split only (0 = all)")
     ap.add_argument("--eval_batch_size", type=int, default=100, help="rows per forward")
+    ap.add_argument("--splits", default="test,dev", help="the splits each seed is evaluated on: test,dev, or test "
+                    "where nothing is chosen on these runs (experiments/claims.py)")
     ap.add_argument("--eval", default="depth", choices=["depth", "none"],
                     help="depth: eval_math.py --task depth per seed, on test and dev; none (text data): the last "
                          "validation losses")
@@ -232,12 +234,15 @@ def main():
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         ap.error(f"--out_dir {out_dir} is a file: give a directory")
+    splits = args.splits.split(",")
+    if not splits or any(x not in EVAL_DIRS for x in splits) or "test" not in splits:
+        ap.error(f"--splits: test, or test,dev (not {args.splits!r})")
     eval_args = ["--batch_size", str(args.eval_batch_size)] + (["--limit", str(args.eval_limit)] if args.eval_limit else [])
     t0 = time.time()
-    summaries = [seed_result(s, out_dir, train_args, args.r, eval_args if args.eval == "depth" else None)
+    summaries = [seed_result(s, out_dir, train_args, args.r, eval_args if args.eval == "depth" else None, splits)
                  for s in args.seeds]
     table, train_max_k = aggregate([s["test"] for s in summaries]), summaries[0]["test"].get("train_max_k")
-    dev_table = aggregate([s["dev"] for s in summaries]) if args.eval == "depth" else None
+    dev_table = aggregate([s["dev"] for s in summaries]) if args.eval == "depth" and "dev" in splits else None
     if args.eval == "none":
         text = "| r | val loss (mean ± std over {} seeds) |\n|---|---|\n".format(len(args.seeds)) + "\n".join(
             f"| {r} | {c['mean']:.4f} ± {c['std']:.4f} |" for r, c in table["val_loss"].items())

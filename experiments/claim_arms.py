@@ -1,0 +1,127 @@
+"""
+The arms of experiments/claims.py: the train.py flags of each arm, the data and checkpoints they start from,
+and running them under experiments/repeat.py, one seed after another, a few arms at a time.
+
+    python -m experiments.claims --list        # the claims and the arms each one reads
+
+Every tiny arm is config/cpu_depth.json's recipe (Muon 1e-2 + AdamW 2e-3, mean r 5, 4 grad loops, 64 rows a
+step) for STEPS steps, with what the arm changes; the text arms cut SmolLM2-135M (the offline GGUF) to (2,2,2).
+The runs land in OUT/arms/<arm>/seed_S (repeat.py folders: a finished seed is reused, a killed one resumes,
+another command's is refused).
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tqdm import tqdm
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Training steps per arm family, sized so that five seeds of every arm fit about two hours on 2 idle cores
+# (RESULTS.md "Do the papers' claims hold" has the times): from scratch (claims 1, 3, 4), the retrofit and the
+# arms compared with it at equal steps (claims 1, 2, 5-8), the SmolLM2 text arms (claim 2).
+STEPS = {"scratch": 800, "retrofit": 500, "text": 30}
+
+
+def paths(out):
+    d = out / "data"
+    return dict(parent_data=d / "parent", depth=d / "depth", final=d / "depth_final", cot=d / "cot",
+                sotu=d / "sotu", parent=out / "arms" / "parent" / "seed_1337", cut=out / "cut",
+                smollm2_cut=out / "smollm2_cut", smollm2_random=out / "smollm2_random")
+
+
+def arms(p, eval_r, smoke=False):
+    """name -> (train.py args, repeat.py args). eval_r: the loops every looped arm is evaluated at (all depths'
+    r = d for the forced-depth reading, and the claims' r). smoke: 8 steps and 30 evaluation rows (the
+    pipeline's test; its figures mean nothing)."""
+    tiny = ["--config", "config/cpu_depth.json", "--data", str(p["depth"])]
+    # from scratch: the dev loss at r = 6 (the mean of the trained r: claim 3's comparable loss) every 50 steps on
+    # 512 rows, and the divergence guard off so that an unstable optimizer shows its spikes instead of stopping
+    scratch = [*tiny, "--max_iters", str(STEPS["scratch"]), "--eval_interval", "50", "--eval_r", "6",
+               "--eval_iters", "8", "--diverge_factor", "0", "--max_bad_steps", "1000", "--collapse_factor", "0"]
+    short = ["--max_iters", str(STEPS["retrofit"])]  # the retrofit and every arm compared with it
+    retro = [*tiny, *short, "--init", str(p["cut"])]
+    # evaluated on test alone: nothing is chosen on these runs (their recipe was chosen before, on dev)
+    static, looped = ["--r", "1", "--splits", "test"], ["--r", eval_r, "--splits", "test"]  # static: no loop, one r
+    # the text arms all start from a directory of the same (2,2,2) shape, config and RoPE base: the cut, the cut
+    # with every weight re-drawn, and with every weight but the embeddings re-drawn (claims.reinit)
+    text = ["--data", str(p["sotu"]), "--max_iters", str(STEPS["text"]), "--warmup_iters", "3",
+            "--batch_size", "4", "--block_size", "128", "--learning_rate", "1e-3", "--adam_lr", "3e-4",
+            "--mean_recurrence", "4", "--grad_loops", "4", "--eval_interval", str(STEPS["text"]), "--eval_iters", "8",
+            "--eval_r", "4", "--log_interval", "5"]
+    chain = ["--config", "config/cpu_depth.json", "--data", str(p["cot"]), *short, "--init", str(p["parent"])]
+    a = {
+        "parent": (["--config", "config/cpu_depth.json", "--data", str(p["parent_data"]), "--static", "--shape",
+                    "2,4,2", "--max_iters", "400", "--eval_interval", "400", "--eval_r", "1"], ["--seeds", "1337", *static]),
+        "retrofit": (retro, looped),
+        "retrofit_ss": ([*retro, "--step_supervision"], looped),
+        "adapter_ss": ([*retro, "--step_supervision", "--freeze", "base"], looped),
+        # one label a row, at its final answer (prepare.py --final_only), same steps and rows
+        "retrofit_final_only": ([*retro, "--data", str(p["final"])], looped),
+        "random": ([*tiny, *short, "--shape", "2,2,2"], looped),  # the cut's shape, random init
+        "static": ([*tiny, *short, "--init", str(p["parent"])], static),  # the uncut parent fine-tuned, no loop
+        "cot": (chain, static),  # the chain written by the parent's 8 layers
+        "cot_small": ([*chain, "--shape", "2,2,2", "--static"], static),  # by 6 of them: the loop model's size
+        "scratch": (scratch, looped),  # Muon at the tuned 1e-2: claims 1 and 3 (constant rbar)
+        "curriculum_linear": ([*scratch, "--curriculum", "linear", "--curriculum_frac", "0.25"], looped),
+        "curriculum_1sqrt": ([*scratch, "--curriculum", "1-sqrt", "--curriculum_frac", "0.75"], looped),
+        "muon_paper": ([*scratch, "--learning_rate", "1e-3", "--adam_lr", "5e-5"], looped),
+        "adamw_paper": ([*scratch, "--optimizer", "adamw", "--adam_lr", "5e-5"], looped),
+            # the positive control of claim 4: AdamW made to spike on this model (no clipping, no warmup, a high lr:
+        # one spike in 400 steps of a trial on seed 1337; 3e-2 collapsed to a dead model instead)
+        "adamw_control": ([*scratch, "--optimizer", "adamw", "--adam_lr", "1e-2", "--grad_clip", "0",
+                           "--warmup_iters", "0"], looped),
+        "text_pretrained": (["--init", str(p["smollm2_cut"]), *text], ["--eval", "none"]),
+        "text_random": (["--init", str(p["smollm2_random"]) + "/seed_{seed}", *text], ["--eval", "none"]),
+        "text_embeddings": (["--init", str(p["smollm2_random"]) + "/embeddings_seed_{seed}", *text], ["--eval", "none"]),
+    }
+    if smoke:  # the last flag wins in train.py's and repeat.py's parsers
+        a = {n: ([*t, "--max_iters", "8", "--eval_interval", "4", "--log_interval", "4", "--eval_iters", "1"],
+                 [*r, "--eval_limit", "30"] if "none" not in r else r) for n, (t, r) in a.items()}
+    return a
+
+
+def sh(cmd, log=None):
+    """Run one command in the repo on one thread (the figures depend on the thread count); its output to log."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with open(log, "a") if log else open(os.devnull, "w") as f:
+        if subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT).returncode:
+            sys.exit(f"claims.py: error: {shlex.join(cmd[:3])} failed: see {log or 'its output'}, fix it and rerun "
+                     "(finished runs are kept)")
+
+
+def prepare(p, needed, log, train_k, test_k, smoke=False):
+    """The data sets, each made once (a half-made one, without its meta.json, is made again). The depth, final-only
+    and chain sets are the same problems with the same dev and test rows."""
+    py = sys.executable
+    depth = ["data/depth/prepare.py", "--train_depth", str(train_k), "--test_depth", str(test_k),
+             *(["--num_train", "2000", "--num_dev", "100"] if smoke else [])]
+    steps = [("parent_data", [py, "data/depth/prepare.py", "--train_depth", "4", "--test_depth", "6", "--num_train",
+                              "1000", "--num_dev", "200", "--out_dir", str(p["parent_data"])]),
+             ("depth", [py, *depth, "--out_dir", str(p["depth"])]),
+             ("final", [py, *depth, "--final_only", "--out_dir", str(p["final"])]),
+             ("cot", [py, *depth, "--cot", "--out_dir", str(p["cot"])]),
+             ("sotu", [py, "data/sotu/prepare.py", "--tokenizer", "smollm2", "--limit", "21" if smoke else "40",
+                       "--out_dir", str(p["sotu"])])]
+    for name, cmd in steps:
+        if name in needed and not (p[name] / "meta.json").is_file():
+            sh(cmd, log)
+
+
+def run_arms(out, names, table, jobs, log_dir, seeds):
+    """repeat.py for each arm, `jobs` at a time (one thread each)."""
+    def one(name):
+        train_args, rep_args = table[name]
+        rep = rep_args if "--seeds" in rep_args else ["--seeds", seeds, *rep_args]
+        sh([sys.executable, "-m", "experiments.repeat", "--out_dir", str(out / "arms" / name), *rep, "--", *train_args],
+           log_dir / f"{name}.log")
+        return name
+
+    with ThreadPoolExecutor(jobs) as pool, tqdm(total=len(names), desc="arms", unit="arm") as bar:
+        for name in pool.map(one, names):
+            bar.set_postfix_str(name)
+            bar.update()
