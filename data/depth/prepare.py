@@ -63,12 +63,21 @@ has), so each trained depth needs rows of its own. Dev and test rows keep depth 
 evaluation cuts the prompt BOS g1..gd SEP per depth. SEP is the PAD token in the task's own vocabulary and
 the parent's " =" with --tokenizer.
 
+In English (--render english, with a parent's --tokenizer; data/depth/english.py): the same train, dev and test
+problems, row for row, each element an instruction about the positions of three cards (" Swap the first two.",
+" Move the last one to the front.", ...) and each answer one word naming the cards' order (" AB" .. " CB": the
+first two cards, which fix the third; chance 1/6), read at the "." ending instruction t, with the same depth in
+{split}_step.bin. Rows are 14 + 7 d tokens on average in SmolLM2 (56 at depth 6, 98 at depth 12) in a
+seq_len of 110 at test_depth 12: about eight times the symbol rows. With --final_only too, the train rows are cut
+and labeled as above; --cot is written in symbols only.
+
 Run:
   python data/depth/prepare.py --out_dir data/depth          # 50k train rows, 1k dev rows, 1k test rows
   python data/depth/prepare.py --out_dir /tmp/depth --train_depth 6 --test_depth 12 --num_train 20000
   python data/depth/prepare.py --tokenizer smollm2 --out_dir data/depth_smollm2   # SmolLM2's tokens
   python data/depth/prepare.py --cot --out_dir data/depth_cot   # the same problems as chains of thought
   python data/depth/prepare.py --final_only --out_dir data/depth_final   # final answers only
+  python data/depth/prepare.py --render english --tokenizer smollm2 --out_dir data/depth_english  # in English
 Writes DIR/{train,dev,test}.bin (uint16 ids), DIR/{split}_targets.bin (int32, -1 = ignore),
 DIR/{split}_step.bin (uint8: the depth of each label) and DIR/meta.json (format: data/common.py).
 The old flag names --train_k, --test_k and --num_val still work.
@@ -86,6 +95,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
 from data.common import (IGNORE_INDEX, BinWriter, DataError, get_tokenizer, print_summary,
                          remove_stale, run_main, separator, token_dtype, write_meta)
+from data.depth import english
 
 # -----------------------------------------------------------------------------
 # The group S3: the 6 permutations of (0, 1, 2), in lexicographic order (index 0 = identity).
@@ -162,17 +172,23 @@ def vocab_fingerprint():
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def products(elems):
+    """(N, k) element indices -> (N, k) running products p_t = g1 g2 ... g_t, vectorized over rows."""
+    mul = np.asarray(MUL, dtype=np.int64)
+    prods = np.empty_like(elems)
+    p = np.full(len(elems), IDENTITY, dtype=np.int64)
+    for t in range(elems.shape[1]):  # the k sequential steps
+        p = mul[p, elems[:, t]]
+        prods[:, t] = p
+    return prods
+
+
 def make_rows(elems, seq_len, vocab=(BOS_ID, ELEM_IDS, ANSWER_IDS, PAD_ID), dtype=np.uint16):
     """(N, k) element indices -> ids, targets, steps arrays of shape (N, seq_len); vocab =
     (bos, element ids, answer ids, pad), the task's own by default."""
     bos, elem_ids, answer_ids, pad = (np.asarray(v, dtype=np.int64) for v in vocab)
     n, k = elems.shape
-    mul = np.asarray(MUL, dtype=np.int64)
-    prods = np.empty_like(elems)
-    p = np.full(n, IDENTITY, dtype=np.int64)
-    for t in range(k):  # the k sequential steps, vectorized over rows
-        p = mul[p, elems[:, t]]
-        prods[:, t] = p
+    prods = products(elems)
     ids = np.full((n, seq_len), pad, dtype=dtype)
     ids[:, 0] = bos
     ids[:, 1:k + 1] = elem_ids[elems]
@@ -270,14 +286,23 @@ def main():
     parser.add_argument("--num_dev", "--num_val", dest="num_dev", type=int, default=1000)
     parser.add_argument("--num_test", type=int, default=0, help="test rows (default: as many as dev)")
     parser.add_argument("--seed", type=int, default=1337, help="train and dev draws; test draws from [seed, 1]")
-    render = parser.add_mutually_exclusive_group()
-    render.add_argument("--cot", action="store_true", help="the same problems as chains of thought "
+    parser.add_argument("--render", choices=("symbols", "english"), default="symbols", help="symbols: one token "
+                        "per element and answer; english: each element an instruction about the positions of three "
+                        "cards, each answer one word (needs --tokenizer; data/depth/english.py)")
+    labels = parser.add_mutually_exclusive_group()
+    labels.add_argument("--cot", action="store_true", help="the same problems as chains of thought "
                         "(BOS g1..gd SEP p1..pd), train rows cut to depths uniform in 1..train_depth")
-    render.add_argument("--final_only", action="store_true", help="train rows cut to depths uniform in "
+    labels.add_argument("--final_only", action="store_true", help="train rows cut to depths uniform in "
                         "1..train_depth and labeled at their final answer only (outcome-only loss)")
     args = parser.parse_args()
     args.num_test = args.num_test or args.num_dev
     print("config:", json.dumps(vars(args)))
+    in_english = args.render == "english"
+    if in_english and not args.tokenizer:
+        raise DataError("--render english writes words of a parent's vocabulary: add --tokenizer (e.g. --tokenizer smollm2)")
+    if in_english and args.cot:
+        raise DataError("--render english --cot: chains of thought are written in symbols only (plumbing/depth_cot.py "
+                        "reads BOS g1..gd SEP p1..pd); drop one of the two")
     if not 1 <= args.train_depth <= args.test_depth <= 255:  # depths are stored as uint8
         raise DataError(f"need 1 <= train_depth <= test_depth <= 255, got {args.train_depth}, {args.test_depth}")
     if min(args.num_train, args.num_dev, args.num_test) < 1:
@@ -285,9 +310,11 @@ def main():
 
     if args.tokenizer:  # checked first: a bad tokenizer fails before any work
         tok = get_tokenizer(args.tokenizer)
-        vocab, dtype = parent_vocab(tok), token_dtype(tok.vocab_size)
+        vocab = english.english_vocab(tok, ELEMENTS) if in_english else parent_vocab(tok)
+        dtype = token_dtype(tok.vocab_size)
+        words = english.words(ELEMENTS) if in_english else {"elements": WORDS[0], "answers": WORDS[1]}
         tokens = dict(tokenizer=args.tokenizer, fingerprint=tok.fingerprint, vocab_size=tok.vocab_size,
-                      tokens={"elements": WORDS[0], "answers": WORDS[1]}, dtype=np.dtype(dtype).name)
+                      tokens=words, dtype=np.dtype(dtype).name)
         sep_id = parent_sep(tok) if args.cot else None
         if args.cot:
             tokens["tokens"]["separator"] = COT_SEP_WORD
@@ -296,10 +323,16 @@ def main():
         sep_id = PAD_ID  # (see COT_SEP_WORD)
         tokens = dict(tokenizer="depth task vocabulary", fingerprint=vocab_fingerprint(),
                       vocab_size=VOCAB_SIZE, tokens=TOKENS, dtype="uint16")
-    bos_id, elem_ids, answer_ids, pad_id = vocab
+    bos_id, answer_ids, pad_id = vocab[0], vocab[-2], vocab[-1]  # every rendering: (bos, .., answer ids, pad)
+    if in_english:  # an instruction is several tokens, the "." after it marks where its answer is read
+        element_meta = {"instruction_ids": [list(map(int, ins)) for ins in vocab[2]], "end_id": int(vocab[3])}
+    else:
+        element_meta = {"element_ids": [int(i) for i in vocab[1]]}
 
     rng = np.random.default_rng(args.seed)
-    seq_len = 2 * args.test_depth + 2 if args.cot else args.test_depth + 1  # one seq_len for every split
+    # one seq_len for every split
+    seq_len = (2 * args.test_depth + 2 if args.cot else english.row_len(vocab, args.test_depth) if in_english
+               else args.test_depth + 1)
     train = rng.integers(0, 6, size=(args.num_train, args.train_depth), dtype=np.int64)
     train_codes = set(prefix_codes(train).tolist())
     dev, dev_redrawn = draw_heldout(rng, args.num_dev, args.test_depth, args.train_depth, train_codes)
@@ -313,6 +346,11 @@ def main():
     if args.cot:
         rows = {"train": make_cot_rows(train, train_depths, seq_len, vocab, sep_id, dtype),
                 **{s: make_cot_rows(e, full(e), seq_len, vocab, sep_id, dtype) for s, e in held_out.items()}}
+    elif in_english:
+        in_words = lambda e, d, final=False: english.make_english_rows(e, products(e), d, seq_len, vocab, final, dtype)
+        rows = {"train": in_words(train, train_depths, True) if args.final_only
+                else in_words(train, np.full(len(train), args.train_depth)),
+                **{s: in_words(e, full(e)) for s, e in held_out.items()}}
     else:
         rows = {"train": make_final_rows(train, train_depths, seq_len, vocab, dtype) if args.final_only
                 else make_rows(train, seq_len, vocab, dtype),
@@ -336,7 +374,7 @@ def main():
         "dataset": "depth", "task": "s3_running_product", "script": "data/depth/prepare.py",
         "source": "generated by data/depth/prepare.py (no download)",
         **tokens, "bos_id": int(bos_id), "eos_id": None, "pad_id": int(pad_id),
-        "element_ids": [int(i) for i in elem_ids], "answer_ids": [int(i) for i in answer_ids],
+        **element_meta, "answer_ids": [int(i) for i in answer_ids],
         "elements": [list(e) for e in ELEMENTS], "mul_table": [list(r) for r in MUL],
         "composition": "(a b)(i) = a(b(i)); label at depth t is g1 g2 ... gt",
         "seq_len": seq_len, "train_max_k": args.train_depth, "test_max_k": args.test_depth,
@@ -359,11 +397,27 @@ def main():
                       "depth t there; train d uniform in 1..train_max_k, dev and test d = test_max_k",
             "composition": "(a b)(i) = a(b(i)); the chain after SEP is p1 .. pd, p_t = g1 g2 ... gt",
         })
+    if in_english:
+        written = {s: english.tokens_per_row(a[1]) for s, a in rows.items()}
+        meta.update({
+            "render": "english", "tokens_per_row": {s: {"mean": float(w.mean()), "max": int(w.max())}
+                                                    for s, w in written.items()},
+            "layout": "BOS header, then instructions g1..gd each ending in END, PAD..; target p_t at the END of "
+                      "instruction t, depth t there" + ("; train: d uniform in 1..train_max_k, labeled at the "
+                                                        "last END only" if args.final_only else ""),
+            "composition": "(a b)(i) = a(b(i)); label at depth t is g1 g2 ... gt; instruction g puts at position i "
+                           "the card that was at position g(i), so the cards' order after instruction t is p_t",
+        })
     write_meta(out_dir, meta)
     print(f"redrew {dev_redrawn} dev and {test_redrawn} test candidates whose first {args.train_depth} elements "
           f"were in train or an earlier held-out row")
     print("problems that occur in training, by depth: "
           + "; ".join(f"{s} " + " ".join(f"{f:.2f}" for f in fr) for s, fr in seen.items()))
+    if in_english:
+        print(f"English rows of seq_len {seq_len} (padding included); tokens written per row: " + ", ".join(
+            f"{s} {w.mean():.1f} on average (max {w.max()})" for s, w in written.items()))
+        print("a dev row, each label as [answer] after the \".\" it is read at:\n  "
+              + english.show_row(tok, rows["dev"][0][0], rows["dev"][1][0]))
     print_summary(out_dir, meta, files + ["meta.json"])
 
 
