@@ -92,4 +92,5 @@ def test_the_rules_file_covers_every_claim():
     assert rules["split"] == "test" and len(rules["seeds"]) >= rules["min_seeds"] == stats.MIN_SEEDS
     for name, rule in rules["claims"].items():
         assert rule["kind"] in stats.KINDS and rule["margin"] >= 0 and rule["arms"] and rule["holds"], name
+        assert set(rule["arms"]) <= set(CLAIMS[name][3]), f"{name}: the rule names arms the claim does not run"
     assert all({"rule", "old", "reason"} <= set(c) for c in rules["changes"])
