@@ -13,7 +13,8 @@ forward pass here runs over a wavefront of positions, the oldest nearly done, th
     1. every position of the wave runs loops_per_pass more loops of the core from its own state, then the coda
        reads them all out: each position's guess of the token after it (greedy or sampled);
     2. each guess becomes the next position's input token, and `headway` new positions join at the end
-       (its state drawn as s_0 is), up to `wavefront` positions in all;
+       (its state drawn as s_0 is; a first_loop "identity" model feeds its first loop e, model.iterate), up to
+       `wavefront` positions in all;
     3. positions freeze from the front: a position whose state moved less than the threshold over the pass
        (latent-diff, exit_gate.py's criterion of --exit) freezes with every position before it and its own input
        token (a converged state vouches for what it read), and a position that has run freeze_loops loops (default
@@ -98,7 +99,8 @@ def generate_diffusion(model, prompt, *, max_new_tokens, r, pick, loops_per_pass
         done = out[0] in eos or (stop is not None and stop(0, out))
         while not done and len(out) < max_new_tokens:
             fwd.pos = a
-            logits, s = fwd.refine(torch.tensor([toks], device=w.device), s, loops_per_pass)  # 1. (1, S, V)
+            first = torch.tensor([[n == 0 for n in ran]], device=w.device)  # (1, S): new positions, on loop 1
+            logits, s = fwd.refine(torch.tensor([toks], device=w.device), s, loops_per_pass, first)  # 1. (1, S, V)
             ran = [n + loops_per_pass for n in ran]
             guess = pick(logits[0]).tolist()  # guess[j]: the token after position a + j
             stats["passes"] += 1

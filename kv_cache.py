@@ -211,17 +211,18 @@ class CachedForward:
         pos = torch.arange(self.pos, self.pos + T, device=self.pads.device)
         return self.model.rope((pos[None] - self.pads[:, None]).clamp_min(0)), self._mask(T)
 
-    def refine(self, idx, s, num_loops):
+    def refine(self, idx, s, num_loops, first):
         """One pass of the parallel sampler (diffusion.py) over the block idx (B, T) at positions self.pos..: the
         states s (B, T, h) carried over from the last pass run loops 0..num_loops-1 (the cache entries of those
         loops), then the coda reads every position out -> logits (B, T, V), s. self.pos stays where it is: the
-        next pass writes again what of this block is still being refined."""
+        next pass writes again what of this block is still being refined. first (B, T) bool: the positions that
+        ran no loop before this pass: loop 0 is their first loop only (model.iterate's first_loop "identity")."""
         m, cache = self.model, self.cache
         rope, mask = self._positions(idx.shape[1])
         cache.start(self.pos, idx.shape[1], num_loops)
         e = m.run_prelude(idx, rope, mask, cache)  # (B, T, h): the tokens may have changed since the last pass
         for i in range(num_loops):
-            s = m.iterate(s, e, rope, i, mask, cache)
+            s = m.iterate(s, e, rope, i, mask, cache, first if i == 0 else None)
         return m.readout(s, rope, mask, cache), s
 
     def run(self, idx, num_loops=None, adaptive=False, last_only=False):

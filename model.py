@@ -12,7 +12,10 @@ architecture of Huginn-0125, Geiping et al. 2025, arXiv 2502.05171):
 
 The blocks keep the parent's own layout and tensor names (Llama pre-norm, OLMo-2's norm on the
 branch output, or Huginn's sandwich norm), so one loop with the adapter at [0 | I] is exactly the
-layer-dropped parent. More loops at test time spend more compute per token.
+layer-dropped parent. More loops at test time spend more compute per token. With first_loop
+"identity" (arXiv 2608.11233's identity-preserving single-loop path) loop 1 feeds the core e itself,
+s_1 = R(e), and the adapter acts from loop 2 on: with every layer kept, r = 1 is the parent whatever
+the adapter has learned.
 
     python -c "from model import RecurrentGPT, RecurrentConfig; m = RecurrentGPT(RecurrentConfig()); print(m.param_counts())"
     python surgery.py --init=smollm2 --shape 6,8,6 --out out/smollm2   # builds one from a real parent
@@ -237,6 +240,7 @@ class RecurrentConfig:
     n_coda: int = 1
     recurrent: bool = True  # False: the static-depth baseline (core runs once, no adapter)
     adapter_init: str = "identity"  # identity [0 | I] | sum (1/sqrt2)[I | I] | random (PyTorch default)
+    first_loop: str = "adapter"  # adapter: s_1 = R(adapter(cat[s_0, e])) | identity: s_1 = R(e), adapter from loop 2
     state_init: str = "normal"  # normal (truncated at 3 std) | zero | embed (s_0 = e)
     state_std: float | None = None  # None: sqrt(2 / (5 h)) as in Huginn
     norm_before_coda: bool = False  # Huginn applies the final norm to s_r before the coda, and again after it
@@ -253,6 +257,8 @@ class RecurrentConfig:
             raise ValueError(f"adapter_init must be identity, sum or random, not {self.adapter_init!r}")
         if self.state_init not in ("normal", "zero", "embed"):
             raise ValueError(f"state_init must be normal, zero or embed, not {self.state_init!r}")
+        if self.first_loop not in ("adapter", "identity"):
+            raise ValueError(f"first_loop must be adapter or identity, not {self.first_loop!r}")
         if self.n_head % self.n_kv_head:
             raise ValueError(f"n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
 
@@ -365,7 +371,8 @@ class RecurrentGPT(nn.Module):
 
     @torch.no_grad()
     def reset_adapter(self, mode=None):
-        """Initialize the adapter W (h, 2h) on cat[s, e] by `mode` (default config.adapter_init)."""
+        """Initialize the adapter W (h, 2h) on cat[s, e] by `mode` (default config.adapter_init); with first_loop
+        "identity" it acts from loop 2 on."""
         h, W, mode = self.config.n_embd, self.adapter.weight, mode or self.config.adapter_init
         eye = torch.eye(h, dtype=W.dtype, device=W.device)
         if mode == "identity":  # [0 | I]: output = e, so one loop = the parent
@@ -397,9 +404,14 @@ class RecurrentGPT(nn.Module):
         return x
 
     def init_state(self, e, generator=None, seeds=None):
-        """s_0 (B, T, h). seeds (B,) int: row b is drawn from its own generator seeded by seeds[b], so a
-        row's noise does not depend on the batch it sits in (train.py: the same s_0 at any world size)."""
+        """s_0 (B, T, h), or e with first_loop "identity". seeds (B,) int: row b is drawn from its own generator
+        seeded by seeds[b], so a row's noise does not depend on the batch it sits in (train.py: the same s_0 at any
+        world size)."""
         c = self.config
+        # first_loop "identity": no loop reads s_0 (loop 1 feeds the core e), whatever state_init says. It is e, what
+        # loop 1 does read, so that the states s_0..s_r and the exit gate on s_1 - s_0 see what loop 1 changed
+        if c.first_loop == "identity" and c.recurrent:
+            return e.clone()
         if c.state_init == "zero" or not c.recurrent:
             return torch.zeros_like(e)
         if c.state_init == "embed":
@@ -415,10 +427,21 @@ class RecurrentGPT(nn.Module):
                 draw(s[b], torch.Generator(e.device).manual_seed(seed))
         return (s * c.embed_scale).to(e.dtype)
 
-    def iterate(self, s, e, rope, i, mask=None, cache=None):
-        """Loop i (0-based) of the recurrence: s_{i+1} = R(adapter(cat[s_i, e]))."""
-        # .to(e.dtype): under bf16 autocast the adapter's output is bf16; the state keeps the stream's dtype (fp32)
-        x = self.adapter(torch.cat([s, e], dim=-1)).to(e.dtype) if self.config.recurrent else e  # (B, T, h)
+    def iterate(self, s, e, rope, i, mask=None, cache=None, first=None):
+        """Loop i (0-based) of the recurrence: s_{i+1} = R(adapter(cat[s_i, e])). With first_loop "identity" a
+        position's first loop is R(e) instead (arXiv 2608.11233's identity-preserving single-loop path): loop 0,
+        or where first (B, T) bool says so, for a caller whose loop index is not the position's loop count
+        (diffusion.py: every pass counts its loops from 0, over positions that joined the wave at different passes).
+        Every path (forward, its no-grad loops and per-loop readouts, the decoder, exits, the diffusion sampler,
+        the transformers remote code) runs its loops through here, so this is the one place that bypasses."""
+        c = self.config
+        if not c.recurrent or (c.first_loop == "identity" and i == 0 and first is None):
+            x = e  # (B, T, h): no adapter, so with every layer kept one loop is the parent itself
+        else:
+            # .to(e.dtype): under bf16 autocast the adapter's output is bf16; the state keeps the stream's dtype (fp32)
+            x = self.adapter(torch.cat([s, e], dim=-1)).to(e.dtype)  # (B, T, h)
+            if c.first_loop == "identity" and first is not None:
+                x = torch.where(first[..., None], e, x)
         for j, block in enumerate(self.core):
             x = block(x, rope, mask, cache, ("core", j, i))
         return x
@@ -466,7 +489,7 @@ class RecurrentGPT(nn.Module):
         per_loop = PerLoopReadout(self, rope, targets, depths, depth_weight, at, return_loop_logits)
         # 1. embedding + prelude, once: e (B, T, h) is injected again in every loop
         e = self.run_prelude(idx, rope)
-        # 2. the initial state s_0 (B, T, h), drawn afresh every forward pass
+        # 2. the initial state s_0 (B, T, h), drawn afresh every forward pass (first_loop "identity": e, never read)
         s = self.init_state(e, seeds=seeds)
         states = [s] if return_states else None  # s_0 .. s_r, kept only when asked
         # 3. truncated backprop (McLeish et al., arXiv 2511.07384): the first loops keep no activations

@@ -118,6 +118,9 @@ class DecodeOptions:
                              + ", ".join(ZERO_SHOT))
         if self.exit_min_loops < 1:
             raise ValueError(f"exit_min_loops must be >= 1, got {self.exit_min_loops}")
+        if self.warm_start and c.first_loop == "identity":
+            raise ValueError("warm_start replaces s_0, which a first_loop 'identity' model never reads (its first loop "
+                             "feeds the core e): decode it without warm_start")
         if not self.cache and (self.kv_budget or self.exit_criterion or self.warm_start or self.draft_r):
             raise ValueError("cache=False recomputes every position at fixed r: it cannot combine with "
                              "kv_budget, exit, warm_start or draft_r")

@@ -7,10 +7,14 @@ Linear(2h -> h) joins the state and the prelude's output before every loop; at [
 e through, so r=1 (indeed any r) reproduces the layer-dropped parent exactly, which this script
 checks after writing. --static keeps the same layers and runs them once (the non-recurrent
 baseline; a shape that adds up to the parent's layers, e.g. 4,8,4 of 16, keeps the whole parent).
+--first_loop identity feeds loop 1 the prelude's output itself and the adapter acts from loop 2 on
+(arXiv 2608.11233's identity-preserving single-loop path): with every layer kept (the last command
+below, SmolLM2's 30 layers) the model at r = 1 is the parent, bit for bit, whatever the adapter learns.
 
     python surgery.py --init=smollm2 --shape 6,8,6 --out out/smollm2          # offline, CPU
     python surgery.py --init=llama --shape 4,6,4 --out out/llama_4_6_4        # Llama-3.2-1B from the hub
     python surgery.py --init=path/to/hf_dir --layers 0-3,6-11,12-15 --out out/x
+    python surgery.py --init=smollm2 --layers 0-13,14-15,16-29 --first_loop identity --out out/in_place
     python surgery.py --export-raven out/llama_4_6_4 out/llama_raven          # the published "raven" format
 
 --init takes a short name (tinyllama, llama, olmo, qwen, smollm2), a hub id, a local directory in
@@ -231,6 +235,9 @@ def main(argv=None):
                    help="no loop: the same layers run once (the non-recurrent baseline; P+R+C = all layers keeps the whole parent)")
     p.add_argument("--adapter_init", default="identity", choices=["identity", "sum", "random"],
                    help="adapter on cat[s, e]: identity [0 | I] (r=1 is the layer-dropped parent), sum, or random")
+    p.add_argument("--first_loop", default="adapter", choices=["adapter", "identity"],
+                   help="what loop 1 feeds the core: the adapter on cat[s_0, e], or identity: e itself, the adapter "
+                        "from loop 2 on (with every layer kept, r=1 is the parent)")
     p.add_argument("--state_init", default="normal", choices=["normal", "zero", "embed"],
                    help="s_0: truncated normal (Huginn), zeros, or the prelude output e")
     p.add_argument("--untie", action="store_true", help="untie the output head (as the published retrofits do)")
@@ -258,7 +265,7 @@ def main(argv=None):
         run_lock = checkpoint.lock(args.out) if existing else None  # noqa: F841 (not while a training run owns it)
         print(f"surgery: init={args.init} shape={args.shape} layers={args.layers} static={args.static}")
         model, src = retrofit(args.init, shape, layers=args.layers, static=args.static, untie=args.untie,
-                              adapter_init=args.adapter_init, state_init=args.state_init,
+                              adapter_init=args.adapter_init, first_loop=args.first_loop, state_init=args.state_init,
                               mean_recurrence=args.mean_recurrence)  # fmt: skip
         if existing:  # a training run's links would point past the new files at its old saves
             checkpoint.remove_run(args.out)

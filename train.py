@@ -59,6 +59,9 @@ RECIPE_FLAGS = dict(
     static=(False, "the non-recurrent baseline: the same layers run once (P+R+C = all layers: the whole parent)"),
     adapter_init=("identity", "identity [0 | I] (r=1 equals the layer-dropped parent) | sum | random",
                   ("identity", "sum", "random")),
+    first_loop=("", 'what loop 1 feeds the core: adapter (on cat[s_0, e]) | identity (e itself, the adapter from '
+                    'loop 2: with every layer kept r=1 is the parent, arXiv 2608.11233); "" keeps the model\'s own '
+                    '(adapter for a new cut)', ("", "adapter", "identity")),
     state_init=("", 's_0: normal | zero | embed; "" keeps the model\'s own', ("", "normal", "zero", "embed")),
     untie=(False, "untie the head from the embedding (the published retrofits do)"),
     n_embd=(64, "--init=scratch: width h"),
@@ -352,13 +355,16 @@ def train_step(run, args, r, num_steps):
             else:
                 loss = run.ddp_model(x, y, num_steps, seeds=seeds[mine], depths=depths, depth_weight=w,
                                      labeled_only=True)[1] / run.grad_accum
-        loss.backward()
+        # an r = 1 step of a first_loop "identity" model never runs the adapter: under --freeze base nothing that
+        # trains is on the loss's path, so there is no backward (and no gradient: not a zero one, no collapse)
+        if loss.requires_grad:
+            loss.backward()
         loss_sum += loss.detach()
     if run.ddp:
         dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
     grad_norm = torch.nn.utils.clip_grad_norm_(run.trainable, args.grad_clip if args.grad_clip > 0 else float("inf"))
     return dict(loss=loss_sum.item(), grad_norm=grad_norm.item(), r=r, mean_r=sched["mean_recurrence"],
-                lr_mult=sched["lr_mult"], w=w, T_step=T_step)
+                lr_mult=sched["lr_mult"], w=w, T_step=T_step, reached=any(p.grad is not None for p in run.trainable))
 
 
 def apply_update(run, out, bad, args):
@@ -373,7 +379,7 @@ def apply_update(run, out, bad, args):
     run.step += 1
     if norm_before is not None:
         guards.check_collapse(run.step, out["loss"], out["grad_norm"], norm_before, guards.weight_norm(run.trainable),
-                              args.collapse_factor, args.out_dir)
+                              args.collapse_factor, args.out_dir, reached=out["reached"])
     if run.device.type == "cuda":  # the step's time, not its launch
         torch.cuda.synchronize()
 
@@ -456,7 +462,10 @@ def start_run(args):
     # nanoGPT's wrap: the forward runs through DDP, which all-reduces the gradients in backward (a --fsdp model,
     # sharded in start, reduce-scatters them itself)
     wrap = ddp and not args.fsdp
-    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if wrap else model
+    # a first_loop "identity" model runs no adapter in an r = 1 step: DDP must look for unused parameters
+    unused = model.config.first_loop == "identity"
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                    find_unused_parameters=unused) if wrap else model
     info = run_dir.run_info(model, world, grad_accum, tokens_per_step, device, split, precision)
     if args.fsdp:
         from plumbing import fsdp
@@ -480,7 +489,7 @@ def build_model(args, meta, ckpt_dir=None):
     import surgery
 
     shape = tuple(int_list(args.shape, "--shape", n=3))  # checked by check_args
-    over = {"state_init": args.state_init} if args.state_init else {}
+    over = {k: getattr(args, k) for k in ("state_init", "first_loop") if getattr(args, k)}  # "": the model's own
     if args.init == "scratch" and ckpt_dir is None:
         P, R, C = shape
         config = RecurrentConfig(

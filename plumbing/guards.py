@@ -82,15 +82,16 @@ def weight_norm(params):
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm([p.detach() for p in params]))).item()
 
 
-def check_collapse(step, loss, grad_norm, norm_before, norm_after, factor, out_dir):
+def check_collapse(step, loss, grad_norm, norm_before, norm_after, factor, out_dir, reached=True):
     """After an update: stop if it blew the weights up (their norm x factor or more in one step), or if the
     loss was finite with an all-zero gradient. factor 0: neither check. Nothing after the last save is kept.
     Weights that start at zero (train.py --exit_gate's new gate) have no norm to multiply: their first step is not
-    a blow-up."""
+    a blow-up. reached False: no trained weight was on the loss's path (train.py: an r = 1 step of a first_loop
+    "identity" model under --freeze base), so no gradient came back, which says nothing of the model."""
     if factor > 0 and norm_before > 0 and norm_after >= factor * norm_before:
         raise Stopped(f"step {step}: the update multiplied the weights' norm by {norm_after / norm_before:.3g} "
                       f"({norm_before:.4g} -> {norm_after:.4g}, --collapse_factor {factor:g}): the run collapsed, "
                       f"stopping; {on_disk(out_dir)} (lower --learning_rate / --adam_lr)")
-    if factor > 0 and math.isfinite(loss) and grad_norm == 0.0:
+    if factor > 0 and reached and math.isfinite(loss) and grad_norm == 0.0:
         raise Stopped(f"step {step}: loss {loss:.4g} with a gradient of exactly zero: the model is dead (collapsed), "
                       f"stopping; {on_disk(out_dir)} (lower --learning_rate / --adam_lr)")

@@ -156,6 +156,8 @@ def state_text(c):
     if not c.get("recurrent", True):
         return None
     h, init = c.get("n_embd", 0), c.get("state_init")
+    if c.get("first_loop") == "identity":  # model.init_state
+        return "e, the prelude's output (no loop reads s_0: the first loop feeds the core e itself)"
     if init == "normal":
         std = c.get("state_std") or math.sqrt(2 / (5 * h))
         scale = f", times embed_scale {c['embed_scale']:g}" if c.get("embed_scale", 1.0) != 1.0 else ""
@@ -252,6 +254,9 @@ def model_card(config_dict, command=None, raven=False):
     # 4. the recurrence
     out += ["## Recurrence", "", f"- shape (P,R,C): ({P},{R},{C}), width h = {c.get('n_embd')}",
             f"- adapter: {adapter_text(c)}"]
+    if recurrent and c.get("first_loop") == "identity":
+        out.append("- first loop: the core reads the prelude's output e itself, no adapter, which acts from loop 2 on "
+                   "(arXiv 2608.11233's identity-preserving single-loop path): r=1 is the kept layers as they are")
     if state_text(c):
         out.append(f"- s_0: {state_text(c)}")
     if recurrent:

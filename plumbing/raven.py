@@ -319,6 +319,9 @@ def check_exportable(c):
         raise RavenError(f"cannot export: n_head*head_dim={c.n_head * c.head_dim} != n_embd={c.n_embd} (raven derives head_dim)")
     if c.state_init == "embed":
         raise RavenError("cannot export: state_init='embed' (s_0 = e) has no raven equivalent (normal or zero only)")
+    if c.first_loop == "identity":
+        raise RavenError("cannot export: first_loop='identity' (loop 1 feeds the core e, no adapter) has no raven "
+                         "equivalent: the raven code runs the adapter on cat[s, e] at every loop")
     variant = RAVEN_EXPORT[c.block_type]  # sandwich -> huginn, prenorm -> retrofit
     family = FAMILIES[RAVEN_VARIANTS[variant]]  # what the variant's modeling code hard-wires
     if not family["gqa"] and c.n_kv_head != c.n_head:

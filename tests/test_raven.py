@@ -226,6 +226,8 @@ REFUSED = [  # (kind, overrides, words of the one-line error)
     ("sandwich", dict(embed_scale=1.0), "sqrt(n_embd)"),
     ("prenorm", dict(recurrent=False), "static-depth"),
     ("prenorm", dict(state_init="embed"), "state_init='embed'"),
+    ("prenorm", dict(first_loop="identity"), "first_loop='identity'"),
+    ("sandwich", dict(first_loop="identity"), "first_loop='identity'"),
     ("prenorm", dict(n_kv_head=4, attn_bias=True), "v_proj.bias"),  # made nonzero below
     ("sandwich", dict(rope_scaling=LLAMA3_ROPE), "Huginn's RoPE has no scaling"),
     ("prenorm", dict(norm_before_coda=True), "norm_before_coda in a pre-norm model"),

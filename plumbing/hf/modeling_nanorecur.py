@@ -9,6 +9,8 @@ The model is a pretrained decoder cut into prelude / recurrent core / coda (McLe
 
     e = P(embed(x));  s_0 ~ init_state(e);  s_i = R(adapter(cat[s_{i-1}, e])), i = 1..r;  logits = head(C(s_r))
 
+(with "first_loop": "identity" in config.json, s_1 = R(e): one loop of a cut that kept every layer is the parent.)
+
 The modules and methods are model.py's RecurrentGPT's (its names, so model.safetensors loads as it is, and its
 code, so the logits are its logits); this file adds what transformers asks of a model: its config class, the
 padding mask and positions of generate(), a DynamicCache in place of nanorecur's KV cache, labels and outputs.
@@ -73,6 +75,7 @@ class NanorecurConfig(PreTrainedConfig):
     n_coda: int = 1
     recurrent: bool = True  # False: the static-depth baseline (core once, no adapter)
     adapter_init: str = "identity"
+    first_loop: str = "adapter"  # identity: loop 1 feeds the core e, the adapter acts from loop 2 (model.iterate)
     state_init: str = "normal"  # normal (truncated at 3 std) | zero | embed (s_0 = e)
     state_std: float | None = None  # None: sqrt(2 / (5 h)) as in Huginn
     norm_before_coda: bool = False
