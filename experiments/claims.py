@@ -91,7 +91,7 @@ class Arm:
         """Per seed: (cumulative FLOPs, dev loss at r) at each of train.py's evaluations."""
         curves = []
         for train, evals in self.logs():
-            flops = {t["step"]: t["flops"] for t in train}
+            flops = {0: 0.0, **{t["step"]: t["flops"] for t in train}}  # step 0: the evaluation before training
             curves.append(([flops[e["step"]] for e in evals], [e["val"][str(r)]["loss"] for e in evals]))
         return curves
 
