@@ -87,12 +87,16 @@ class Arm:
             out.append(([r for r in recs if "loss" in r and "val" not in r], [r for r in recs if "val" in r]))
         return out
 
-    def dev_curves(self, r):
-        """Per seed: (cumulative FLOPs, dev loss at r) at each of train.py's evaluations."""
+    def dev_curves(self, r, metric="trained_error"):
+        """Per seed: (cumulative FLOPs, metric at r) at each of train.py's dev evaluations: "trained_error" (1 minus the
+        accuracy over the trained depths, each depth's labels alike) or "loss" (the loss over every depth's labels)."""
+        def value(v):
+            return v["loss"] if metric == "loss" else 1 - float(np.mean([v["acc_by_k"][str(d)] for d in range(1, TRAIN_K + 1)]))
+
         curves = []
         for train, evals in self.logs():
             flops = {0: 0.0, **{t["step"]: t["flops"] for t in train}}  # step 0: the evaluation before training
-            curves.append(([flops[e["step"]] for e in evals], [e["val"][str(r)]["loss"] for e in evals]))
+            curves.append(([flops[e["step"]] for e in evals], [value(e["val"][str(r)]) for e in evals]))
         return curves
 
     def flops(self):
@@ -172,30 +176,50 @@ def flops_to(curve, target):
     return None
 
 
-CURRICULUM_R = 6  # the dev loss is read at the mean r of training (E[r] = rbar + 1 with rbar = 5): one r for every arm
+CURRICULUM_R = 6  # dev figures are read at the mean r of training (E[r] = rbar + 1 with rbar = 5): one r for every arm
+
+
+TARGET_ERROR = 0.01  # the trained depths' dev error both arms must reach: the constant run's final one is often 0
+
+
+def savings(A, name, metric, target=None):
+    """Per seed log(FLOPs of the constant run / FLOPs of the curriculum) to reach target in metric (None: the constant
+    run's final value, at its final FLOPs), None where the curriculum never reaches it; and the seeds where the constant
+    run never reaches it or the untrained curriculum model (step 0) already had it."""
+    logs, at_start, const_miss = [], 0, 0
+    for c, cur in zip(A["scratch"].dev_curves(CURRICULUM_R, metric), A[name].dev_curves(CURRICULUM_R, metric)):
+        goal, base = (c[1][-1], c[0][-1]) if target is None else (target, flops_to(c, target))
+        reached = flops_to(cur, goal)
+        at_start, const_miss = at_start + (reached == 0), const_miss + (base is None)
+        logs.append(None if not reached or base is None else float(np.log(base / reached)))
+    got = [x for x in logs if x is not None]
+    res = compare("curriculum", np.array(got)[:, None], np.zeros((len(got), 1))) if len(got) >= 2 else {}
+    never = len(logs) - len(got)
+    return {**res, "log_saving_per_seed": logs, "seeds_never_reaching": never - at_start - const_miss,
+            "seeds_constant_never_reaching": const_miss, "seeds_reached_at_step_0": at_start,
+            "verdict": "inconclusive" if never else res.get("verdict", "inconclusive")}
 
 
 def curriculum(A):
-    const = A["scratch"].dev_curves(CURRICULUM_R)
-    rows, verdicts = {}, []
-    for name in ("curriculum_linear", "curriculum_1sqrt"):
-        logs = []  # per seed: log(FLOPs of the constant run / FLOPs of the curriculum) to the constant run's final loss
-        for c, cur in zip(const, A[name].dev_curves(CURRICULUM_R)):
-            reached = flops_to(cur, c[1][-1])
-            logs.append(None if reached is None else float(np.log(c[0][-1] / reached)))
-        got = [x for x in logs if x is not None]
-        res = compare("curriculum", np.array(got)[:, None], np.zeros((len(got), 1))) if len(got) >= 2 else {}
-        never = len(logs) - len(got)
-        rows[name] = {**res, "log_saving_per_seed": logs, "seeds_never_reaching": never,
-                      "verdict": "inconclusive" if never else res.get("verdict", "inconclusive")}
-        verdicts.append(rows[name]["verdict"])
+    rows = {name: savings(A, name, "trained_error", TARGET_ERROR) for name in ("curriculum_linear", "curriculum_1sqrt")}
+    # the rule as first committed read the dev loss over every depth: the changed rule's reason is in rules.json
+    rows.update({f"{name}_committed_rule": {**savings(A, name, "loss"), "verdict": "reported"}
+                 for name in ("curriculum_linear", "curriculum_1sqrt")})
+    verdicts = [rows[n]["verdict"] for n in ("curriculum_linear", "curriculum_1sqrt")]
     verdict = "holds" if "holds" in verdicts else stats.combine(verdicts)  # the rule: either curriculum
-    text = "; ".join(f"{n.split('_')[1]}: FLOPs saving {np.exp(v['diff']):.2f}x [{np.exp(v['low']):.2f}, "
-                     f"{np.exp(v['high']):.2f}], p = {v['p']:.3g}" if "diff" in v else f"{n.split('_')[1]}: -"
-                     for n, v in rows.items())
-    never = {n: v["seeds_never_reaching"] for n, v in rows.items() if v["seeds_never_reaching"]}
-    return rows, verdict, (f"to the constant run's final dev loss at r={CURRICULUM_R}, " + text
-                           + (f"; seeds never reaching it: {never}" if never else ""))
+
+    def saving(v):
+        text = f"{np.exp(v['diff']):.2f}x [{np.exp(v['low']):.2f}, {np.exp(v['high']):.2f}]" if "diff" in v else "-"
+        misses = [f"{v[k]} seeds {w}" for k, w in (("seeds_never_reaching", "never reach it"),
+                                                   ("seeds_constant_never_reaching", "whose constant run never does"),
+                                                   ("seeds_reached_at_step_0", "start below it")) if v[k]]
+        return text + (f" ({', '.join(misses)})" if misses else "")
+
+    text = (f"FLOPs saving to a dev error of {TARGET_ERROR} on depths <= {TRAIN_K} (r={CURRICULUM_R}): linear "
+            f"{saving(rows['curriculum_linear'])}, 1-sqrt {saving(rows['curriculum_1sqrt'])}; by the committed rule's dev "
+            f"loss over depths 1-{TEST_K}: linear {saving(rows['curriculum_linear_committed_rule'])}, 1-sqrt "
+            f"{saving(rows['curriculum_1sqrt_committed_rule'])}")
+    return rows, verdict, text
 
 
 def spikes(train):
@@ -386,7 +410,8 @@ def report(args, out, chosen, command, t0):
         measured, verdict, text = measure(A)
         old = [v["old_rule"] for v in measured.values() if isinstance(v, dict) and v.get("verdict") not in (None, "reported")
                and "old_rule" in v]
-        old_rule = "yes" if old and all(o == "yes" for o in old) else "no"
+        either = any if name == "curriculum" else all  # the curriculum claim holds for either curriculum
+        old_rule = "yes" if old and either(o == "yes" for o in old) else "no"
         d = out / name
         d.mkdir(exist_ok=True)
         summary = {"claim": claim, "number": num, "paper": paper, "rule": RULES["claims"][name], "verdict": verdict,

@@ -25,7 +25,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 def fake_arm(out, name, curves, seeds=(1337, 2, 3, 4, 5), results=None):
     """An arm folder as repeat.py leaves it: per seed a log.jsonl of train steps, from curves = per seed
-    [(flops, train loss)] a step, a dev evaluation at r = 6 every second step (its loss the step's), and
+    [(flops, train loss)] a step, a dev evaluation at r = 6 every second step (its loss the step's, and its error on
+    every trained depth too), and
     eval/results.jsonl from results = per seed {r: (rows, depths) 0/1 correctness}."""
     d = out / "arms" / name
     for i, (seed, curve) in enumerate(zip(seeds, curves)):
@@ -34,7 +35,8 @@ def fake_arm(out, name, curves, seeds=(1337, 2, 3, 4, 5), results=None):
         for step, (flops, loss) in enumerate(curve, start=1):
             lines.append({"step": step, "loss": loss, "flops": flops, "grad_norm": 1.0, "elapsed": 1.0})
             if step % 2 == 0:
-                lines.append({"step": step, "val": {"6": {"loss": loss}}})
+                acc = {str(k): 1 - loss for k in range(1, 13)}
+                lines.append({"step": step, "val": {"6": {"loss": loss, "acc_by_k": acc}}})
         (d / f"seed_{seed}" / "log.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
         recs = [{"index": j, "r": r, "k": 12, "steps": list(range(1, 13)), "correct": [int(c) for c in row]}
                 for r, table in (results[i] if results else {}).items() for j, row in enumerate(table)]
@@ -43,21 +45,24 @@ def fake_arm(out, name, curves, seeds=(1337, 2, 3, 4, 5), results=None):
     return claims.Arm(out, name)
 
 
-def test_flops_to_interpolates_and_a_seed_that_never_reaches_is_reported(tmp_path):
+def test_flops_to_interpolates_and_a_seed_that_never_reaches_is_reported(tmp_path, monkeypatch):
     assert claims.flops_to(([0, 10, 20], [3.0, 2.0, 1.0]), 1.5) == 15.0
     assert claims.flops_to(([0, 10], [3.0, 2.0]), 1.0) is None  # never reached
-    # dev losses at steps 2, 4, 6: the constant run ends at 1.0 after 300 FLOPs
-    const = [[(50.0, 9.0), (100.0, 3.0), (150.0, 9.0), (200.0, 2.0), (250.0, 9.0), (300.0, 1.0)]] * 5
-    fast = [[(50.0, 9.0), (100.0, 2.0), (150.0, 9.0), (200.0, 0.0), (250.0, 9.0), (300.0, 0.0)]] * 5  # 1.0 at 150
-    slow = [[(50.0, 9.0), (100.0, 3.0), (150.0, 9.0), (200.0, 2.0), (250.0, 9.0), (300.0, 2.0)]] * 4 + [fast[0]]
+    monkeypatch.setattr(claims, "TARGET_ERROR", 0.1)
+    # dev error at steps 2, 4, 6 (the second value of each pair): the constant run reaches 0.1 after 300 FLOPs
+    const = [[(50.0, 0.9), (100.0, 0.5), (150.0, 0.9), (200.0, 0.3), (250.0, 0.9), (300.0, 0.1)]] * 5
+    fast = [[(50.0, 0.9), (100.0, 0.1), (150.0, 0.9), (200.0, 0.0), (250.0, 0.9), (300.0, 0.0)]] * 5  # 0.1 at 100
+    slow = [[(50.0, 0.9), (100.0, 0.5), (150.0, 0.9), (200.0, 0.3), (250.0, 0.9), (300.0, 0.2)]] * 4 + [fast[0]]
     A = {"scratch": fake_arm(tmp_path, "scratch", const), "curriculum_linear": fake_arm(tmp_path, "curriculum_linear", fast),
          "curriculum_1sqrt": fake_arm(tmp_path, "curriculum_1sqrt", slow)}
     rows, verdict, text = claims.curriculum(A)
-    assert rows["curriculum_linear"]["log_saving_per_seed"] == pytest.approx([np.log(2.0)] * 5)
+    assert rows["curriculum_linear"]["log_saving_per_seed"] == pytest.approx([np.log(3.0)] * 5)
     assert rows["curriculum_linear"]["verdict"] == "holds"  # the same saving on every seed: a zero-width interval
     assert rows["curriculum_1sqrt"]["log_saving_per_seed"][:4] == [None] * 4  # no sentinel value for a miss
     assert rows["curriculum_1sqrt"]["seeds_never_reaching"] == 4 and rows["curriculum_1sqrt"]["verdict"] == "inconclusive"
-    assert verdict == "holds" and "linear: FLOPs saving 2.00x" in text and "never reaching it" in text
+    assert verdict == "holds" and "linear 3.00x" in text and "4 seeds never reach it" in text
+    # the committed rule's loss (here the same numbers): the constant run's final 0.1, reached at its own 300 FLOPs
+    assert rows["curriculum_linear_committed_rule"]["log_saving_per_seed"] == pytest.approx([np.log(3.0)] * 5)
 
 
 def test_rows_pool_depths_per_row_and_pair_the_arms(tmp_path):
