@@ -30,7 +30,7 @@ STEPS = {"scratch": 800, "retrofit": 500, "text": 30}
 def paths(out):
     d = out / "data"
     return dict(parent_data=d / "parent", depth=d / "depth", final=d / "depth_final", cot=d / "cot",
-                sotu=d / "sotu", parent=out / "arms" / "parent" / "seed_1337", cut=out / "cut",
+                sotu=d / "sotu", parent=out / "arms" / "parent" / "seed_1337", cut=out / "cut", cut_static=out / "cut_static",
                 smollm2_cut=out / "smollm2_cut", smollm2_random=out / "smollm2_random")
 
 
@@ -65,7 +65,7 @@ def arms(p, eval_r, smoke=False):
         "random": ([*tiny, *short, "--shape", "2,2,2"], looped),  # the cut's shape, random init
         "static": ([*tiny, *short, "--init", str(p["parent"])], static),  # the uncut parent fine-tuned, no loop
         "cot": (chain, static),  # the chain written by the parent's 8 layers
-        "cot_small": ([*chain, "--shape", "2,2,2", "--static"], static),  # by 6 of them: the loop model's size
+        "cot_small": ([*chain, "--init", str(p["cut_static"])], static),  # by 6 of them (2,2,2): the loop model's size
         "scratch": (scratch, looped),  # Muon at the tuned 1e-2: claims 1 and 3 (constant rbar)
         "curriculum_linear": ([*scratch, "--curriculum", "linear", "--curriculum_frac", "0.25"], looped),
         "curriculum_1sqrt": ([*scratch, "--curriculum", "1-sqrt", "--curriculum_frac", "0.75"], looped),

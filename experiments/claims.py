@@ -367,9 +367,10 @@ def run_all(args, out, p, table, names):
     prepare(p, needed, out / "logs" / "prepare.log", TRAIN_K, TEST_K, args.smoke)
     if "parent_data" in needed:  # the tiny parent, then its cut (surgery's self-check is in the log)
         run_arms(out, ["parent"], table, 1, out / "logs", "1337")
-        if not (p["cut"] / "model.safetensors").is_file():
-            sh([sys.executable, "surgery.py", "--init", str(p["parent"]), "--shape", "2,2,2", "--out", str(p["cut"]),
-                "--overwrite"], out / "logs" / "surgery.log")
+        for d, static in ((p["cut"], []), (p["cut_static"], ["--static"])):  # the loop's cut, and the same 6 layers static
+            if not (d / "model.safetensors").is_file():
+                sh([sys.executable, "surgery.py", "--init", str(p["parent"]), "--shape", "2,2,2", *static, "--out", str(d),
+                    "--overwrite"], out / "logs" / "surgery.log")
     if "sotu" in needed:  # SmolLM2 cut once, and its re-drawn copies per seed
         if not (p["smollm2_cut"] / "model.safetensors").is_file():
             sh([sys.executable, "surgery.py", "--init", "smollm2", "--shape", "2,2,2", "--out", str(p["smollm2_cut"]),
