@@ -5,7 +5,7 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: install install-dev demo retrofit_depth test claims
+.PHONY: install install-dev demo retrofit_depth test claims english
 
 $(PYTHON):
 	python3 -m venv $(VENV)
@@ -27,6 +27,11 @@ retrofit_depth: install
 # the papers' claims at CPU scale (experiments/claims.py): out/claims/<claim>/summary.json + PNG, out/claims/claims.md
 claims: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTHON) -m experiments.claims
+
+# does the loop installed on symbols carry over to English (experiments/english.py; finished seeds are reused):
+# out/english/summary.json, english.md, english.png
+english: install
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTHON) -m experiments.english
 
 # pytest exits 5 when it collects no test: say so and fail, a suite that runs nothing is not a pass
 test: install-dev

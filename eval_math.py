@@ -13,7 +13,9 @@ so recurrent and static models compare at equal compute.
 - depth: the S3 running product of data/depth: accuracy by (task depth, r), up to beyond the trained depth,
   with the fraction of the split's problems of each depth that training labels (meta.json's seen_in_train;
   the split is dev by default: --split test only for a report, never to choose anything); on
-  chain-of-thought data (prepare.py --cot) by greedy generation of the chain (plumbing/depth_cot.py).
+  chain-of-thought data (prepare.py --cot) by greedy generation of the chain (plumbing/depth_cot.py);
+  --choices reads each label among a few words only (the data's six answers, or another rendering's: a model
+  trained on the symbol rows answering English rows in its own words, experiments/english.py).
 - loss:  mean cross-entropy of fixed, seeded batches of a prepared .bin set at each r.
 Problems come from a local jsonl (--data) or the hub, and .bin sets from data/<set>/prepare.py, both
 through plumbing/eval_data.py.
@@ -22,6 +24,7 @@ through plumbing/eval_data.py.
     python eval_math.py --init out/ckpt --task math --r 1,2,4,8,16,32
     python eval_math.py --init out/depth --task depth --data data/depth --r 1,2,4,8,16,32 --split test
     python eval_math.py --init out/depth --task depth --data data/depth --r 32 --exit_sweep  # plumbing/exit_sweep.py
+    python eval_math.py --init out/retrofit/retrofit_depth --task depth --data data/depth_english --choices answers
     python eval_math.py --init out/ckpt --task loss --data data/sotu --r 1,2,4,8
 Writes --out_dir (default out/eval/<task>): results.jsonl (one line per problem and r),
 summary.json, and PNG plots.
@@ -70,6 +73,10 @@ def parse_args(argv=None):
     p.add_argument("--exit_threshold", type=float, default=None, help="of --exit_criterion (default: Huginn's)")
     p.add_argument("--exit_min_loops", type=int, default=1, help="adaptive exit never before this many loops")
     p.add_argument("--exit_sweep", action="store_true", help="depth: exit criteria vs r (plumbing/exit_sweep.py)")
+    p.add_argument("--choices", default="", help="depth: what a label is read among: '' (default) the whole "
+                   "vocabulary; 'answers' the data's answer words (meta.json answer_ids: chance 1/6); or comma-separated "
+                   "token ids, the i-th standing for the data's i-th answer word (e.g. the symbol task's answer_ids "
+                   "read on English rows: a model answering in the words it was trained on)")
     p.add_argument("--num_batches", type=int, default=20, help="loss: batches of --batch_size rows")
     p.add_argument("--seq_len", type=int, default=256, help="loss: tokens per row for plain text data")
     p.add_argument("--split", default="dev", help="depth/loss: the split of the data dir: dev (or val: the split "
@@ -91,6 +98,8 @@ def parse_args(argv=None):
         p.error("--exit_criterion applies to the generation tasks (gsm8k, math)")
     if args.exit_sweep and args.task != "depth":
         p.error(f"--exit_sweep applies to the depth task, not --task {args.task}: pass --task depth")
+    if args.choices and (args.task != "depth" or args.exit_sweep):
+        p.error("--choices applies to the depth task's accuracy (--task depth, without --exit_sweep)")
     args.shots = {"gsm8k": 1, "math": 4}.get(args.task, 0) if args.shots is None else args.shots
     args.max_new_tokens = args.max_new_tokens or {"gsm8k": 256, "math": 512}.get(args.task, 0)
     args.out_dir = args.out_dir or f"out/eval/{args.task}"
@@ -268,6 +277,24 @@ def run_generation(args, model, tok, problems):
 # depth task and loss
 
 
+def answer_choices(choices, meta, vocab_size):
+    """None (read among the whole vocabulary), or (token ids a label is read among, the data's answer ids they stand
+    for), both (A,) in the data's answer order, from --choices."""
+    answers = np.asarray(meta["answer_ids"], dtype=np.int64)
+    if not choices:
+        return None
+    if choices == "answers":
+        return answers, answers
+    try:
+        ids = np.asarray([int(x) for x in choices.split(",")], dtype=np.int64)
+    except ValueError:
+        raise EvalError(f"--choices {choices!r}: 'answers' or comma-separated token ids") from None
+    if len(ids) != len(answers) or len(set(ids.tolist())) != len(ids) or not ((0 <= ids) & (ids < vocab_size)).all():
+        raise EvalError(f"--choices needs {len(answers)} distinct token ids below {vocab_size}, one per answer word "
+                        f"of the data (meta.json answer_ids), got {choices!r}")
+    return ids, answers
+
+
 @torch.no_grad()
 def run_depth(args, model):
     """Accuracy at the labeled positions, grouped by the steps k each label needs, for every r."""
@@ -276,8 +303,11 @@ def run_depth(args, model):
     if targets is None or steps is None or not meta.get("seq_len"):
         raise EvalError(f"{args.data} has no {args.split}_targets.bin/_step.bin: not a depth task dir")
     if meta.get("cot"):  # chains of thought (prepare.py --cot): the model writes p1..pk, scored by generation
+        if args.choices:
+            raise EvalError("--choices reads one-token answers of loop rows, not chains of thought (prepare.py --cot)")
         from plumbing.depth_cot import run_depth_cot
         return run_depth_cot(args, model, meta, ids)
+    read = answer_choices(args.choices, meta, model.config.vocab_size)  # (ids read among, the answers they stand for)
     shape = (-1, meta["seq_len"])
     ids, targets, steps = (np.asarray(a).reshape(shape) for a in (ids, targets, steps))
     if args.limit:
@@ -297,7 +327,10 @@ def run_depth(args, model):
         for r in args.r:
             logits = out.logits if r == r_max else model.readout(out.states[r], rope, positions=at)
             pred = np.full(tgt.shape, IGNORE_INDEX)
-            pred[lab] = logits.argmax(-1).cpu().numpy()  # logits (N, V) at the N labeled positions, row-major
+            if read is None:
+                pred[lab] = logits.argmax(-1).cpu().numpy()  # logits (N, V) at the N labeled positions, row-major
+            else:  # the highest of the chosen words, as the data's answer it stands for
+                pred[lab] = read[1][logits[:, read[0]].argmax(-1).cpu().numpy()]
             for k in range(len(x)):
                 order = np.argsort(stp[k][lab[k]], kind="stable")
                 records.append({"index": b + k, "r": r, "k": int(stp[k].max()),

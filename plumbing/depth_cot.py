@@ -4,8 +4,9 @@ The depth task's chain-of-thought baseline, evaluated by generation: the token s
 
 A looped model answers the S3 running product p_k = g1 g2 ... gk with one token after r loops; a CoT
 model (trained on data/depth/prepare.py --cot rows) writes the chain p1 .. pk and answers with its
-last token. For each held-out row and each depth k = 1..test_k the prompt is BOS g1..gk SEP and the model
-generates k tokens greedily; the answer is correct when the last one is p_k (the whole chain is scored
+last token. For each held-out row and each depth k = 1..test_k the prompt is BOS g1..gk SEP (in English,
+prepare.py --render english --cot: BOS, the header and instructions 1..k each ending in ".", then SEP) and the
+model generates k tokens greedily; the answer is correct when the last one is p_k (the whole chain is scored
 too). What it writes is kept for a diagnosis beyond the trained depth: per depth the length of the right
 prefix of its chain (where it goes wrong) and how many of its tokens are no answer token at all (a
 format failure rather than a wrong product). The records have the depth task's shape (steps, correct per row), so eval_math.py's summary,
@@ -15,6 +16,7 @@ output tokens per answer (mean k here, 1 for the loop) and the whole-chain accur
     python data/depth/prepare.py --cot --out_dir data/depth_cot
     python train.py --config config/cpu_depth.json --static --data data/depth_cot --out_dir out/depth_cot
     python eval_math.py --init out/depth_cot --task depth --data data/depth_cot --out_dir out/eval/depth_cot
+    python data/depth/prepare.py --render english --tokenizer smollm2 --cot --out_dir data/depth_english_cot  # in English
 
 eval_math.py dispatches here when the data's meta.json says "cot". Test: python -m pytest -q tests/test_depth_cot.py
 """
@@ -28,9 +30,13 @@ from plumbing.eval_data import EvalError
 
 
 def chain_rows(meta, ids):
-    """(elements, chains): the held-out rows' g1..gK and p1..pK token ids, (N, K) each, K = test_max_k.
-    An EvalError when the rows are not the --cot layout BOS g1..gK SEP p1..pK."""
+    """(rows, ends, chains) of the held-out rows: rows (N, T); ends (N, K), the position of the last token of each
+    depth's problem (g_k, or in English the "." ending instruction k), so depth k's prompt is rows[i, :ends[i, k-1] + 1]
+    then SEP; chains (N, K), the token ids of p1..pK (K = test_max_k). An EvalError when the rows are not the --cot
+    layout."""
     K, T = meta["test_max_k"], meta["seq_len"]
+    if meta.get("render") == "english":
+        return english_chain_rows(meta, ids)
     if T != 2 * K + 2:
         raise EvalError(f"meta.json says cot but seq_len {T} != 2 test_max_k + 2 = {2 * K + 2}: rerun "
                         f"data/depth/prepare.py --cot")
@@ -38,7 +44,25 @@ def chain_rows(meta, ids):
     if not ((rows[:, 0] == meta["bos_id"]) & (rows[:, K + 1] == meta["sep_id"])).all():
         raise EvalError(f"the {len(rows)} rows are not BOS g1..g{K} SEP p1..p{K} (meta.json's layout): "
                         f"evaluate full-depth dev or test rows of data/depth/prepare.py --cot")
-    return rows[:, 1:K + 1].astype(np.int64), rows[:, K + 2:].astype(np.int64)
+    ends = np.broadcast_to(np.arange(1, K + 1), (len(rows), K))  # g_k sits at position k
+    return rows.astype(np.int64), ends, rows[:, K + 2:].astype(np.int64)
+
+
+def english_chain_rows(meta, ids):
+    """chain_rows of prepare.py --render english --cot rows: BOS, header, K instructions each ending in END, SEP,
+    p1..pK; the ends are the instructions' END positions (the header's own "." comes before them)."""
+    K, T, H = meta["test_max_k"], meta["seq_len"], len(meta["header_ids"])
+    rows = np.asarray(ids).reshape(-1, T).astype(np.int64)
+    is_sep = rows == meta["sep_id"]
+    sep = is_sep.argmax(1)  # (N,) where each row's chain starts
+    ends = [np.flatnonzero(row[1 + H:s] == meta["end_id"]) + 1 + H for row, s in zip(rows, sep)]
+    cols = sep[:, None] + 1 + np.arange(K)  # (N, K) the chain's positions
+    if (is_sep.sum(1) != 1).any() or any(len(e) != K for e in ends) or (cols >= T).any() or not (
+            (rows[:, 0] == meta["bos_id"]) & (rows[:, 1:1 + H] == meta["header_ids"]).all(1)).all():
+        raise EvalError(f"the {len(rows)} rows are not BOS, the header, {K} instructions each ending in "
+                        f"{meta['end_id']}, SEP, p1..p{K} (meta.json's layout): evaluate full-depth dev or test rows "
+                        f"of data/depth/prepare.py --render english --cot")
+    return rows, np.stack(ends), np.take_along_axis(rows, cols, axis=1)
 
 
 @torch.no_grad()
@@ -54,26 +78,29 @@ def greedy(model, prompts, n, r):
 
 def run_depth_cot(args, model, meta, ids):
     """records (one per held-out row and r: steps 1..K, correct, chain_correct, right_prefix and non_answer per
-    depth, output_tokens) and meta. All rows of one depth k share a prompt length, so they go in batches of --batch_size."""
-    elems, chains = chain_rows(meta, ids)
+    depth, output_tokens) and meta. The prompts of one depth k and one length go in batches of --batch_size (in
+    symbols every prompt of depth k has k + 2 tokens; in English the instructions differ in length)."""
+    rows, ends, chains = chain_rows(meta, ids)
     if args.limit:
-        elems, chains = elems[:args.limit], chains[:args.limit]
-    (n, K), bs = elems.shape, args.batch_size
+        rows, ends, chains = rows[:args.limit], ends[:args.limit], chains[:args.limit]
+    (n, K), bs = chains.shape, args.batch_size
     records = []
     for r in args.r:
         torch.manual_seed(args.seed)  # s_0 of a recurrent model is a random draw: the same draws for every r
         last, whole = np.zeros((n, K), dtype=bool), np.zeros((n, K), dtype=bool)
         prefix, other = np.zeros((n, K), dtype=int), np.zeros((n, K), dtype=int)
         for k in range(1, K + 1):
-            bos, sep = np.full((n, 1), meta["bos_id"]), np.full((n, 1), meta["sep_id"])
-            prompts = np.concatenate([bos, elems[:, :k], sep], 1)  # (n, k + 2): BOS g1..gk SEP
-            for b in range(0, n, bs):
-                out = greedy(model, torch.from_numpy(prompts[b:b + bs]).to(args.device), k, r).cpu().numpy()  # (B, k)
-                last[b:b + bs, k - 1] = out[:, -1] == chains[b:b + bs, k - 1]  # the answer: the chain's last token
-                right = out == chains[b:b + bs, :k]
-                whole[b:b + bs, k - 1] = right.all(1)
-                prefix[b:b + bs, k - 1] = np.where(right.all(1), k, (~right).argmax(1))  # right tokens before the first wrong
-                other[b:b + bs, k - 1] = (~np.isin(out, meta["answer_ids"])).sum(1)
+            for length in np.unique(ends[:, k - 1]):
+                at = np.flatnonzero(ends[:, k - 1] == length)  # the rows whose depth-k prompt has this length
+                prompts = np.concatenate([rows[at, :length + 1], np.full((len(at), 1), meta["sep_id"])], 1)
+                for b in range(0, len(at), bs):
+                    i = at[b:b + bs]
+                    out = greedy(model, torch.from_numpy(prompts[b:b + bs]).to(args.device), k, r).cpu().numpy()  # (B, k)
+                    last[i, k - 1] = out[:, -1] == chains[i, k - 1]  # the answer: the chain's last token
+                    right = out == chains[i, :k]
+                    whole[i, k - 1] = right.all(1)
+                    prefix[i, k - 1] = np.where(right.all(1), k, (~right).argmax(1))  # right tokens before the first wrong
+                    other[i, k - 1] = (~np.isin(out, meta["answer_ids"])).sum(1)
         steps = list(range(1, K + 1))
         records += [{"index": i, "r": r, "k": K, "steps": steps, "correct": last[i].astype(int).tolist(),
                      "chain_correct": whole[i].astype(int).tolist(), "right_prefix": prefix[i].tolist(),

@@ -9,6 +9,7 @@ import itertools
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 from data.common import check_tokenizer, load_meta, open_split
 from data.depth import english
 from data.depth import prepare as depth
+from plumbing.eval_data import EvalError
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
@@ -69,11 +71,14 @@ def smol_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dirs(smol_dir, tmp_path_factory):
     """Symbol and English data of the same flags, plain and --final_only; and the English run's stdout."""
-    d = {name: tmp_path_factory.mktemp(name) for name in ("symbols", "english", "symbols_final", "english_final")}
+    d = {name: tmp_path_factory.mktemp(name) for name in ("symbols", "english", "symbols_final", "english_final",
+                                                            "symbols_cot", "english_cot")}
     prepare(d["symbols"])
     prepare(d["symbols_final"], "--final_only")
+    prepare(d["symbols_cot"], "--cot")
     stdout = prepare(d["english"], "--render", "english", "--tokenizer", str(smol_dir))
     prepare(d["english_final"], "--render", "english", "--tokenizer", str(smol_dir), "--final_only")
+    prepare(d["english_cot"], "--render", "english", "--tokenizer", str(smol_dir), "--cot")
     return d, stdout
 
 
@@ -194,16 +199,13 @@ def test_english_final_only_cuts_the_same_rows(dirs):
             assert (a == b).all()
 
 
-def test_combinations_that_make_no_sense_are_refused_in_one_line(tmp_path):
-    for extra, needle in ((["--render", "english"], "--render english writes words of a parent's vocabulary: add "
-                                                    "--tokenizer (e.g. --tokenizer smollm2)"),
-                          (["--render", "english", "--tokenizer", "smollm2", "--cot"],
-                           "--render english --cot: chains of thought are written in symbols only")):
-        r = subprocess.run([sys.executable, "data/depth/prepare.py", "--out_dir", str(tmp_path), *extra], cwd=REPO,
-                           env=ENV, capture_output=True, text=True, timeout=60)
-        err = r.stderr.strip().splitlines()
-        assert r.returncode == 1 and len(err) == 1 and err[0].startswith("error: " + needle), r.stderr
-        assert not (tmp_path / "meta.json").exists()
+def test_english_without_a_tokenizer_is_refused_in_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "data/depth/prepare.py", "--out_dir", str(tmp_path), "--render", "english"],
+                       cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60)
+    err = r.stderr.strip().splitlines()
+    needle = "--render english writes words of a parent's vocabulary: add --tokenizer (e.g. --tokenizer smollm2)"
+    assert r.returncode == 1 and len(err) == 1 and err[0].startswith("error: " + needle), r.stderr
+    assert not (tmp_path / "meta.json").exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,3 +229,134 @@ def test_eval_math_reads_english_rows_by_depth(dirs, smol_dir, tmp_path):
         for k in range(1, TEST_D + 1):
             assert row["by_k"][str(k)]["n"] == 5
             assert row["by_k"][str(k)]["accuracy"] == pytest.approx(float((pred[steps == k] == targets[steps == k]).mean()))
+
+
+# ---------------------------------------------------------------------------------------------
+# the chain of thought in English (--render english --cot), scored by generation (plumbing/depth_cot.py)
+
+
+def chain_of(tok, meta, row_ids):
+    """(the instructions as text, the words after SEP) of one English chain row, the padding checked."""
+    sep = int(np.flatnonzero(row_ids == meta["sep_id"])[0])
+    end = int(np.flatnonzero(row_ids != meta["pad_id"])[-1]) + 1
+    assert (row_ids[end:] == meta["pad_id"]).all() and not np.isin(row_ids[:sep], meta["answer_ids"]).any()
+    return sentences(tok, meta, row_ids[:sep]), [tok.decode([int(i)]) for i in row_ids[sep + 1:end]]
+
+
+def test_english_chains_are_the_symbol_chains(dirs, tok):
+    """Each English chain row is the symbol chain row's problem, cut at the same depth, its words after " =" the
+    cards' order after each instruction; targets are next-token on the chain, with its depths."""
+    d, _ = dirs
+    meta, ref = load_meta(d["english_cot"]), load_meta(d["symbols_cot"])
+    assert meta["cot"] and meta["render"] == "english" and [meta["sep_id"]] == tok.encode(" =")
+    assert meta["seq_len"] == english.row_len(english.english_vocab(tok, depth.ELEMENTS), TEST_D) + 1 + TEST_D
+    for key in ("train_depth_counts", "seen_in_train", "dev_redrawn", "test_redrawn"):
+        assert meta[key] == ref[key], key
+    for split in SPLITS:
+        (ids, targets, steps), (sids, _, ssteps) = rows(d["english_cot"], split), rows(d["symbols_cot"], split)
+        for k in range(len(ids)):
+            said, words = chain_of(tok, meta, ids[k])
+            sep = int(np.flatnonzero(sids[k] == depth.PAD_ID)[0])  # the symbol chain's SEP (PAD in its vocabulary)
+            assert [depth.ELEMENTS.index(tuple(MOVES[s]([0, 1, 2]))) for s in said] == \
+                   [int(i) - depth.ELEM_IDS[0] for i in sids[k, 1:sep]]
+            cards, want = ["A", "B", "C"], []
+            for s in said:
+                cards = MOVES[s](cards)
+                want.append(" " + cards[0] + cards[1])
+            assert words == want and (split == "train" or len(words) == TEST_D)
+            lab = targets[k] >= 0
+            at = int(np.flatnonzero(ids[k] == meta["sep_id"])[0])
+            assert np.flatnonzero(lab).tolist() == list(range(at, at + len(words)))
+            assert (targets[k][lab] == ids[k][at + 1:at + 1 + len(words)]).all()  # the next word of the chain
+            assert steps[k][lab].tolist() == ssteps[k][ssteps[k] > 0].tolist() == list(range(1, len(words) + 1))
+
+
+class CardOracle(torch.nn.Module):
+    """Reads an English chain prompt as text, moves the cards by its instructions and puts all its logit mass on the
+    answer word of the next chain position; wrong(k, j) -> True names the next answer in the list instead."""
+
+    def __init__(self, tok, meta, wrong=lambda k, j: False):
+        super().__init__()
+        self.tok, self.meta, self.wrong, self.calls = tok, meta, wrong, []
+        self.config = types.SimpleNamespace(recurrent=True)
+
+    def forward(self, idx, targets=None, num_steps=None):
+        self.calls.append((tuple(idx.shape), num_steps))
+        logits = torch.zeros(*idx.shape, self.tok.vocab_size)
+        for b, row in enumerate(idx.numpy()):
+            sep = int(np.flatnonzero(row == self.meta["sep_id"])[0])
+            said = sentences(self.tok, self.meta, row[:sep])
+            j = len(row) - sep - 1  # chain words written so far
+            cards = ["A", "B", "C"]
+            for s in said[:j + 1]:
+                cards = MOVES[s](cards)
+            i = [english.answer_word(p) for p in depth.ELEMENTS].index(" " + cards[0] + cards[1])
+            logits[b, -1, self.meta["answer_ids"][(i + self.wrong(len(said), j)) % 6]] = 1.0
+        return logits, None
+
+    def inference_flops_per_token(self, r):
+        return 0
+
+
+def test_english_chain_is_scored_by_generation(dirs, tok):
+    import eval_math
+    from plumbing.depth_cot import chain_rows, run_depth_cot
+
+    d, _ = dirs
+    meta = load_meta(d["english_cot"])
+    ids = open_split(d["english_cot"], "dev", meta)[0]
+    rows_, ends, chains = chain_rows(meta, ids)
+    for row, e in zip(rows_[:5], ends[:5]):  # each depth's prompt ends at the "." of its instruction
+        assert (row[e] == meta["end_id"]).all() and (np.diff(e) >= 6).all()
+        assert len(sentences(tok, meta, row[:e[2] + 1])) == 3
+    args = types.SimpleNamespace(r=[1], limit=12, batch_size=4, seed=0, device="cpu", task="depth", split="dev",
+                                 split_name="dev")
+    model = CardOracle(tok, meta)
+    records, _ = run_depth_cot(args, model, meta, ids)
+    [row] = eval_math.summarize(args, model, records, meta)
+    assert all(c["accuracy"] == 1.0 and c["n"] == 12 for c in row["by_k"].values())
+    assert row["chain_accuracy_beyond_depth"] == 1.0 and row["output_tokens_per_answer"] == (TEST_D + 1) / 2
+    # each row's prompt at each depth k, extended k times (prompts of one length to a batch, or no tensor is made)
+    assert sum(shape[0] for shape, _ in model.calls) == sum(12 * k for k in range(1, TEST_D + 1))
+    # a wrong last word beyond depth 3: the answer right up to depth 3 only, the chain too
+    records, _ = run_depth_cot(args, CardOracle(tok, meta, wrong=lambda k, j: k > 3 and j == k - 1), meta, ids)
+    [row] = eval_math.summarize(args, model, records, meta)
+    assert {k: c["accuracy"] for k, c in row["by_k"].items()} == {str(k): float(k <= 3) for k in range(1, TEST_D + 1)}
+    bad = np.asarray(ids).reshape(-1, meta["seq_len"]).copy()
+    bad[2, bad[2] == meta["sep_id"]] = meta["end_id"]
+    with pytest.raises(EvalError, match="not BOS, the header, 7 instructions"):
+        chain_rows(meta, bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# eval_math.py --choices: each label read among a few words
+
+
+def test_choices_read_labels_among_the_answer_words(dirs, smol_dir, tmp_path):
+    import eval_math
+    from model import RecurrentGPT
+
+    d, _ = dirs
+    meta = load_meta(d["english"])
+    sym_ids = load_meta(d["symbols"])["answer_ids"]  # the task's own ids here; any six distinct ids stand for the words
+    ids, targets, steps = (a[:5] for a in rows(d["english"], "test"))
+    model = RecurrentGPT.from_pretrained(smol_dir).eval()
+    with torch.no_grad():
+        logits = model(torch.from_numpy(ids.astype(np.int64)), num_steps=2)[0]
+    lab = targets >= 0
+    answers = np.asarray(meta["answer_ids"])
+    for choices, read in (("answers", answers), (",".join(map(str, sym_ids)), np.asarray(sym_ids))):
+        summary = eval_math.main(["--init", str(smol_dir), "--task", "depth", "--data", str(d["english"]), "--split",
+                                  "test", "--limit", "5", "--r", "2", "--threads", "1", "--choices", choices,
+                                  "--out_dir", str(tmp_path / choices[:7])])
+        guess = answers[logits[torch.from_numpy(lab)][:, torch.from_numpy(read)].argmax(-1).numpy()]
+        right = guess == targets[lab]
+        for k in range(1, TEST_D + 1):
+            assert summary["results"][0]["by_k"][str(k)]["accuracy"] == pytest.approx(right[steps[lab] == k].mean())
+    for bad, needle in (("1,2,3", "needs 6 distinct token ids"), ("answers,x", "'answers' or comma-separated")):
+        with pytest.raises(EvalError, match=needle):
+            eval_math.main(["--init", str(smol_dir), "--task", "depth", "--data", str(d["english"]), "--limit", "2",
+                            "--r", "1", "--threads", "1", "--choices", bad, "--out_dir", str(tmp_path / "bad")])
+    with pytest.raises(EvalError, match="not chains of thought"):
+        eval_math.main(["--init", str(smol_dir), "--task", "depth", "--data", str(d["english_cot"]), "--limit", "2",
+                        "--r", "1", "--threads", "1", "--choices", "answers", "--out_dir", str(tmp_path / "cot")])

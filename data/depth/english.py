@@ -44,6 +44,18 @@ Tokens per row (SmolLM2): seq_len = 1 + H + test_depth (7 + 1) = 110 at test_dep
 split; written before the padding 1 + H + sum_t (n(g_t) + 1), on average 14 + 7 d: 56 for a train row of
 depth 6, 98 for a dev or test row of depth 12 (the symbol rows: 7 and 13 in a seq_len of 13).
 
+The chain of thought in English (prepare.py --render english --cot): after the instructions the separator SEP
+(prepare.COT_SEP_WORD, " =") and the answer words p1 .. pd written out, trained by next-token prediction on them
+(seq_len = 110 + 1 + test_depth = 123 at test_depth 12):
+  input   BOS  Three cards lie in a row: A, B, C.  Swap the first two.  ..  SEP  p1  ..  p_{d-1}  pd   PAD ..
+  target  -1   -1 ..                                -1 ..                    p1   p2  ..  pd       -1   -1 ..
+  depth   0    0 ..                                 0 ..                     1    2   ..  d        0    0 ..
+Train rows are cut to the depths of the symbol chains (uniform in 1..train_depth), dev and test rows keep
+test_depth; plumbing/depth_cot.py prompts each depth k with the row up to the "." ending instruction k, then SEP,
+and scores the k words the model writes (prompts of one depth differ in length: it batches rows of one length).
+
+    python data/depth/prepare.py --render english --tokenizer smollm2 --cot --out_dir data/depth_english_cot
+
     python data/depth/prepare.py --render english --tokenizer smollm2 --out_dir data/depth_english
     python data/depth/prepare.py --render english --tokenizer smollm2 --num_train 2000 --num_dev 100 --out_dir /tmp/de
 Test: python -m pytest -q tests/test_depth_english.py
@@ -86,9 +98,10 @@ def one_token(tok, word):
     return enc[0]
 
 
-def english_vocab(tok, elements):
+def english_vocab(tok, elements, sep=None):
     """(start, header ids, instruction ids per element, end id, answer ids, pad) in the tokenizer `tok`, elements
-    in prepare.ELEMENTS' order; a one-line DataError when the answers could be read off the input."""
+    in prepare.ELEMENTS' order; a one-line DataError when the answers could be read off the input, or when the chain's
+    separator id `sep` (--cot) occurs in the header, an instruction or among the answers."""
     start = separator(tok)[1]  # the parent's document start, also the padding (as in the symbol rows)
     header = tuple(tok.encode(HEADER))
     instructions = tuple(tuple(tok.encode(INSTRUCTIONS[g])) for g in elements)
@@ -99,6 +112,9 @@ def english_vocab(tok, elements):
                         f"instruction: the answers must be targets only (edit data/depth/english.py)")
     if any(end in ins for ins in instructions):
         raise DataError(f"{END!r} occurs inside an instruction in {tok.source}: it must mark the instruction's end only")
+    if sep is not None and (sep in text or sep in answers or sep == end):
+        raise DataError(f"the chain's separator (id {sep}) occurs in the header, an instruction or the answers in "
+                        f"{tok.source}: it must only mark where the chain starts")
     return start, header, instructions, end, answers, start
 
 
@@ -128,10 +144,32 @@ def make_english_rows(elems, prods, depths, seq_len, vocab, final_only=False, dt
     return ids.astype(dtype), targets, steps
 
 
-def tokens_per_row(targets):
-    """Tokens written before the padding, per row: a row ends with the "." of its last (labeled) instruction."""
+def make_english_cot_rows(elems, prods, depths, seq_len, vocab, sep, dtype=np.uint16):
+    """(N, D) element indices, their running products (N, D) and each row's own depth d (N,) -> ids, targets, steps
+    (N, seq_len) in the chain layout of the docstring: instructions g1..gd, SEP, the answer words p1..pd; the target
+    of the position before p_t (SEP for p1) is p_t, its depth t."""
+    start, header, instructions, end, answers, pad = vocab
+    answers = np.asarray(answers, dtype=np.int64)
+    pieces = [np.asarray(ins + (end,), dtype=np.int64) for ins in instructions]
+    n = len(elems)
+    ids = np.full((n, seq_len), pad, dtype=np.int64)
+    targets = np.full((n, seq_len), IGNORE_INDEX, dtype=np.int32)
+    steps = np.zeros((n, seq_len), dtype=np.uint8)
+    for i, d in enumerate(depths):
+        chain = answers[prods[i, :d]]  # (d,) the answer words p1..pd
+        row = np.concatenate([[start], header, *(pieces[g] for g in elems[i, :d]), [sep], chain])
+        ids[i, :len(row)] = row
+        at = len(row) - d - 1  # the SEP: it predicts p1, p_t predicts p_{t+1}
+        targets[i, at:at + d] = chain
+        steps[i, at:at + d] = np.arange(1, d + 1)
+    return ids.astype(dtype), targets, steps
+
+
+def tokens_per_row(targets, cot=False):
+    """Tokens written before the padding, per row: a row ends with the "." of its last (labeled) instruction, or
+    (cot) with the answer word after its last label."""
     lab = np.asarray(targets) != IGNORE_INDEX
-    return lab.shape[1] - np.argmax(lab[:, ::-1], axis=1)
+    return lab.shape[1] - np.argmax(lab[:, ::-1], axis=1) + int(cot)
 
 
 def show_row(tok, ids, targets):

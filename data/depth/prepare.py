@@ -69,7 +69,8 @@ problems, row for row, each element an instruction about the positions of three 
 first two cards, which fix the third; chance 1/6), read at the "." ending instruction t, with the same depth in
 {split}_step.bin. Rows are 14 + 7 d tokens on average in SmolLM2 (56 at depth 6, 98 at depth 12) in a
 seq_len of 110 at test_depth 12: about eight times the symbol rows. With --final_only too, the train rows are cut
-and labeled as above; --cot is written in symbols only.
+and labeled as above. With --cot the instructions are followed by SEP and the answer words p1 .. pd (the chain
+written out; english.py has the layout), train rows cut as above.
 
 Run:
   python data/depth/prepare.py --out_dir data/depth          # 50k train rows, 1k dev rows, 1k test rows
@@ -78,6 +79,7 @@ Run:
   python data/depth/prepare.py --cot --out_dir data/depth_cot   # the same problems as chains of thought
   python data/depth/prepare.py --final_only --out_dir data/depth_final   # final answers only
   python data/depth/prepare.py --render english --tokenizer smollm2 --out_dir data/depth_english  # in English
+  python data/depth/prepare.py --render english --tokenizer smollm2 --cot --out_dir data/depth_english_cot
 Writes DIR/{train,dev,test}.bin (uint16 ids), DIR/{split}_targets.bin (int32, -1 = ignore),
 DIR/{split}_step.bin (uint8: the depth of each label) and DIR/meta.json (format: data/common.py).
 The old flag names --train_k, --test_k and --num_val still work.
@@ -300,9 +302,6 @@ def main():
     in_english = args.render == "english"
     if in_english and not args.tokenizer:
         raise DataError("--render english writes words of a parent's vocabulary: add --tokenizer (e.g. --tokenizer smollm2)")
-    if in_english and args.cot:
-        raise DataError("--render english --cot: chains of thought are written in symbols only (plumbing/depth_cot.py "
-                        "reads BOS g1..gd SEP p1..pd); drop one of the two")
     if not 1 <= args.train_depth <= args.test_depth <= 255:  # depths are stored as uint8
         raise DataError(f"need 1 <= train_depth <= test_depth <= 255, got {args.train_depth}, {args.test_depth}")
     if min(args.num_train, args.num_dev, args.num_test) < 1:
@@ -310,12 +309,12 @@ def main():
 
     if args.tokenizer:  # checked first: a bad tokenizer fails before any work
         tok = get_tokenizer(args.tokenizer)
-        vocab = english.english_vocab(tok, ELEMENTS) if in_english else parent_vocab(tok)
+        sep_id = parent_sep(tok) if args.cot else None
+        vocab = english.english_vocab(tok, ELEMENTS, sep_id) if in_english else parent_vocab(tok)
         dtype = token_dtype(tok.vocab_size)
         words = english.words(ELEMENTS) if in_english else {"elements": WORDS[0], "answers": WORDS[1]}
         tokens = dict(tokenizer=args.tokenizer, fingerprint=tok.fingerprint, vocab_size=tok.vocab_size,
                       tokens=words, dtype=np.dtype(dtype).name)
-        sep_id = parent_sep(tok) if args.cot else None
         if args.cot:
             tokens["tokens"]["separator"] = COT_SEP_WORD
     else:
@@ -325,14 +324,17 @@ def main():
                       vocab_size=VOCAB_SIZE, tokens=TOKENS, dtype="uint16")
     bos_id, answer_ids, pad_id = vocab[0], vocab[-2], vocab[-1]  # every rendering: (bos, .., answer ids, pad)
     if in_english:  # an instruction is several tokens, the "." after it marks where its answer is read
-        element_meta = {"instruction_ids": [list(map(int, ins)) for ins in vocab[2]], "end_id": int(vocab[3])}
+        element_meta = {"header_ids": [int(i) for i in vocab[1]], "end_id": int(vocab[3]),
+                        "instruction_ids": [list(map(int, ins)) for ins in vocab[2]]}
     else:
         element_meta = {"element_ids": [int(i) for i in vocab[1]]}
 
     rng = np.random.default_rng(args.seed)
     # one seq_len for every split
-    seq_len = (2 * args.test_depth + 2 if args.cot else english.row_len(vocab, args.test_depth) if in_english
-               else args.test_depth + 1)
+    if in_english:  # the instructions, and with --cot SEP and the chain after them
+        seq_len = english.row_len(vocab, args.test_depth) + (1 + args.test_depth if args.cot else 0)
+    else:
+        seq_len = 2 * args.test_depth + 2 if args.cot else args.test_depth + 1
     train = rng.integers(0, 6, size=(args.num_train, args.train_depth), dtype=np.int64)
     train_codes = set(prefix_codes(train).tolist())
     dev, dev_redrawn = draw_heldout(rng, args.num_dev, args.test_depth, args.train_depth, train_codes)
@@ -343,7 +345,10 @@ def main():
                                       args.train_depth, train_codes | set(prefix_codes(dev[:, :args.train_depth]).tolist()))
     held_out = {"dev": dev, "test": test}
     full = lambda elems: np.full(len(elems), args.test_depth)
-    if args.cot:
+    if args.cot and in_english:
+        chains = lambda e, d: english.make_english_cot_rows(e, products(e), d, seq_len, vocab, sep_id, dtype)
+        rows = {"train": chains(train, train_depths), **{s: chains(e, full(e)) for s, e in held_out.items()}}
+    elif args.cot:
         rows = {"train": make_cot_rows(train, train_depths, seq_len, vocab, sep_id, dtype),
                 **{s: make_cot_rows(e, full(e), seq_len, vocab, sep_id, dtype) for s, e in held_out.items()}}
     elif in_english:
@@ -398,13 +403,16 @@ def main():
             "composition": "(a b)(i) = a(b(i)); the chain after SEP is p1 .. pd, p_t = g1 g2 ... gt",
         })
     if in_english:
-        written = {s: english.tokens_per_row(a[1]) for s, a in rows.items()}
+        written = {s: english.tokens_per_row(a[1], args.cot) for s, a in rows.items()}
         meta.update({
             "render": "english", "tokens_per_row": {s: {"mean": float(w.mean()), "max": int(w.max())}
                                                     for s, w in written.items()},
-            "layout": "BOS header, then instructions g1..gd each ending in END, PAD..; target p_t at the END of "
-                      "instruction t, depth t there" + ("; train: d uniform in 1..train_max_k, labeled at the "
-                                                        "last END only" if args.final_only else ""),
+            "layout": ("BOS header, then instructions g1..gd each ending in END, SEP, p1..pd, PAD..; target p_t at "
+                       "the position before p_t (SEP for p1), depth t there; train d uniform in 1..train_max_k, dev "
+                       "and test d = test_max_k" if args.cot else
+                       "BOS header, then instructions g1..gd each ending in END, PAD..; target p_t at the END of "
+                       "instruction t, depth t there" + ("; train: d uniform in 1..train_max_k, labeled at the "
+                                                         "last END only" if args.final_only else "")),
             "composition": "(a b)(i) = a(b(i)); label at depth t is g1 g2 ... gt; instruction g puts at position i "
                            "the card that was at position g(i), so the cards' order after instruction t is p_t",
         })
@@ -416,8 +424,12 @@ def main():
     if in_english:
         print(f"English rows of seq_len {seq_len} (padding included); tokens written per row: " + ", ".join(
             f"{s} {w.mean():.1f} on average (max {w.max()})" for s, w in written.items()))
-        print("a dev row, each label as [answer] after the \".\" it is read at:\n  "
-              + english.show_row(tok, rows["dev"][0][0], rows["dev"][1][0]))
+        if args.cot:
+            row = rows["dev"][0][0]
+            print("a dev row, its chain after the separator:\n  " + tok.decode([int(i) for i in row[row != pad_id]]))
+        else:
+            print("a dev row, each label as [answer] after the \".\" it is read at:\n  "
+                  + english.show_row(tok, rows["dev"][0][0], rows["dev"][1][0]))
     print_summary(out_dir, meta, files + ["meta.json"])
 
 
