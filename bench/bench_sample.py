@@ -380,12 +380,11 @@ def diffusion_quality(args, results):
     if args.cot_ckpt:
         model, _ = load_model(args.cot_ckpt, state_init="zero")
         meta = load_meta(args.cot_data)
-        elems, chains = chain_rows(meta, open_split(args.cot_data, "dev", meta)[0])
-        elems, chains = elems[:args.cot_rows].tolist(), chains[:args.cot_rows].tolist()
-        depths = range(1, meta["train_max_k"] + 1)
-        prompts = [[meta["bos_id"]] + e[:d] + [meta["sep_id"]] for d in depths for e in elems]
-        want = [c[d - 1] for d in depths for c in chains]
-        log(f"5b. depth-task chains ({args.cot_ckpt}, {len(elems)} dev rows x depths 1..{depths[-1]}): greedy chain of "
+        rows, ends, chains = (a[:args.cot_rows] for a in chain_rows(meta, open_split(args.cot_data, "dev", meta)[0]))
+        depths = range(1, meta["train_max_k"] + 1)  # depth d's prompt: the row up to its problem's end, then SEP
+        prompts = [rows[i, :ends[i, d - 1] + 1].tolist() + [meta["sep_id"]] for d in depths for i in range(len(rows))]
+        want = [int(chains[i, d - 1]) for d in depths for i in range(len(rows))]
+        log(f"5b. depth-task chains ({args.cot_ckpt}, {len(rows)} dev rows x depths 1..{depths[-1]}): greedy chain of "
             "d tokens, correct when its last is p_d; batch 1")
         log("   r    decoder                  accuracy   vs sequential   tok/s")
         for r in args.diffusion_r:
