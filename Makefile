@@ -5,7 +5,7 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: install install-dev demo retrofit_depth test claims english
+.PHONY: install install-dev demo retrofit_depth test claims english compute_matched
 
 $(PYTHON):
 	python3 -m venv $(VENV)
@@ -32,6 +32,11 @@ claims: install
 # out/english/summary.json, english.md, english.png
 english: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTHON) -m experiments.english
+
+# the retrofit against continuing the original model at the same training FLOPs and wall time
+# (experiments/compute_matched.py; finished seeds are reused): out/compute_matched/summary.json, .md, .png
+compute_matched: install
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTHON) -m experiments.compute_matched
 
 # pytest exits 5 when it collects no test: say so and fail, a suite that runs nothing is not a pass
 test: install-dev
