@@ -170,6 +170,44 @@ def test_depth_final_only_labels_one_answer_per_row(depth_dir, tmp_path):
     assert meta["seen_in_train"]["test"]["4"] < load_meta(depth_dir)["seen_in_train"]["test"]["4"]
 
 
+def test_depth_reversed_rule_and_the_mix(depth_dir, smol_dir, tmp_path):
+    """--rule reversed: the same problems composed in the other order (checked by moving points through the
+    permutations, latest outermost), each row starting with the marker; --rule both: a coin per row, each row
+    labeled by its own rule; the same problems as the forward rows; a parent's marker is its word."""
+    flags = ["--train_depth", 5, "--test_depth", 9, "--num_train", 3000, "--num_dev", 300, "--num_test", 300, "--seed", 5]
+    for rule in ("reversed", "both"):
+        r = run_script("data/depth/prepare.py", "--out_dir", tmp_path / rule, "--rule", rule, *flags)
+        assert r.returncode == 0, r.stderr
+    for split in ("train", "dev", "test"):
+        fwd_ids, fwd_t, fwd_steps = (a.reshape(-1, 10) for a in open_split(depth_dir, split))
+        for rule in ("reversed", "both"):
+            ids, targets, steps = (a.reshape(-1, 10) for a in open_split(tmp_path / rule, split))
+            back = ids[:, 0] == depth.PAD_ID
+            assert (ids[:, 1:] == fwd_ids[:, 1:]).all() and (steps == fwd_steps).all()  # the same problems
+            assert back.all() if rule == "reversed" else 0.4 < back.mean() < 0.6
+            assert (ids[~back, 0] == depth.BOS_ID).all() and (targets[~back] == fwd_t[~back]).all()
+            for row_ids, row_t in zip(ids[back][:40], targets[back][:40]):
+                elems = [int(i) - depth.ELEM_IDS[0] for i in row_ids[1:] if i in depth.ELEM_IDS]
+                labels = [int(t) - depth.ANSWER_IDS[0] for t in row_t if t >= 0]
+                for t, p in enumerate(labels):  # p_t = g_t ... g_1: g_1 acts first, innermost
+                    point = [i for i in range(3)]
+                    for h in elems[:t + 1]:
+                        point = [depth.ELEMENTS[h][i] for i in point]
+                    assert depth.ELEMENTS[p] == tuple(point)
+            if rule == "reversed":  # and labels that differ from the forward rule's (S3 is not abelian)
+                assert (targets != fwd_t).any(axis=1).mean() > 0.5
+    meta = load_meta(tmp_path / "both")
+    assert meta["rule"] == "both" and meta["reversed_rows"]["train"] == int(
+        (open_split(tmp_path / "both", "train")[0].reshape(-1, 10)[:, 0] == depth.PAD_ID).sum())
+    r = run_script("data/depth/prepare.py", "--tokenizer", smol_dir, "--out_dir", tmp_path / "smol", "--rule",
+                   "reversed", *flags)
+    assert r.returncode == 0, r.stderr
+    from plumbing.tokenizer import load_tokenizer
+    assert load_meta(tmp_path / "smol")["reverse_marker_id"] == load_tokenizer(smol_dir).encode(depth.REVERSE_WORD)[0]
+    r = run_script("data/depth/prepare.py", "--out_dir", tmp_path / "x", "--rule", "reversed", "--cot", *flags)
+    assert r.returncode != 0 and "drop --render english, --cot" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_depth_deterministic_and_bad_flags(tmp_path, depth_dir):
     r = run_script("data/depth/prepare.py", "--out_dir", tmp_path, "--train_k=5", "--test_k=9",
                    "--num_train=3000", "--num_val=300", "--num_test=300", "--seed=5")  # --key=value, the old names

@@ -72,12 +72,18 @@ seq_len of 110 at test_depth 12: about eight times the symbol rows. With --final
 and labeled as above. With --cot the instructions are followed by SEP and the answer words p1 .. pd (the chain
 written out; english.py has the layout), train rows cut as above.
 
+The reversed rule (--rule reversed), the second task of arXiv 2608.11233's interference test: the same problems
+composed in the other order, p_t = g_t ... g_2 g_1 = g_t p_{t-1}, each row starting with a marker (REVERSE_WORD,
+PAD in the task's own vocabulary) instead of BOS so that a model can tell the rules apart; --rule both draws each
+row's rule by a fair coin (a mix of the two tasks; every split).
+
 Run:
   python data/depth/prepare.py --out_dir data/depth          # 50k train rows, 1k dev rows, 1k test rows
   python data/depth/prepare.py --out_dir /tmp/depth --train_depth 6 --test_depth 12 --num_train 20000
   python data/depth/prepare.py --tokenizer smollm2 --out_dir data/depth_smollm2   # SmolLM2's tokens
   python data/depth/prepare.py --cot --out_dir data/depth_cot   # the same problems as chains of thought
   python data/depth/prepare.py --final_only --out_dir data/depth_final   # final answers only
+  python data/depth/prepare.py --rule reversed --out_dir data/depth_reversed   # the products in the other order
   python data/depth/prepare.py --render english --tokenizer smollm2 --out_dir data/depth_english  # in English
   python data/depth/prepare.py --render english --tokenizer smollm2 --cot --out_dir data/depth_english_cot
 Writes DIR/{train,dev,test}.bin (uint16 ids), DIR/{split}_targets.bin (int32, -1 = ignore),
@@ -114,11 +120,12 @@ def compose(a, b):
 MUL = tuple(tuple(ELEMENTS.index(compose(a, b)) for b in ELEMENTS) for a in ELEMENTS)
 
 
-def running_product(elems):
-    """Pure-Python reference: [p_1, ..., p_k] with p_t = g_1 g_2 ... g_t (element indices)."""
+def running_product(elems, reverse=False):
+    """Pure-Python reference: [p_1, ..., p_k] with p_t = g_1 g_2 ... g_t (element indices); reverse: the
+    other order, p_t = g_t ... g_2 g_1."""
     out, p = [], IDENTITY
     for g in elems:
-        p = MUL[p][g]
+        p = MUL[g][p] if reverse else MUL[p][g]
         out.append(p)
     return out
 
@@ -168,31 +175,50 @@ def parent_sep(tok):
     return enc[0]
 
 
+# --rule reversed: a reversed row's first token, so that one model can be told the two rules apart (the rules
+# must be tellable in a mix: the same problem has different labels). In the task's own vocabulary it is PAD
+# (free there for the reason above); in a parent's, this word.
+REVERSE_WORD = " reverse"
+
+
+def parent_marker(tok):
+    """The id of REVERSE_WORD in `tok`; one-line error if it is not one token there or is a task word."""
+    enc = tok.encode(REVERSE_WORD)
+    if len(enc) != 1 or REVERSE_WORD in WORDS[0] + WORDS[1]:
+        raise DataError(f"{REVERSE_WORD!r} is {len(enc)} tokens in {tok.source}, not one: --rule needs a "
+                        f"single-token marker (edit REVERSE_WORD in {__file__})")
+    return enc[0]
+
+
 def vocab_fingerprint():
     """Hash of the vocabulary description: data and model must agree on it like on a tokenizer."""
     desc = {"task": "s3_running_product", "tokens": TOKENS, "composition": "(a b)(i) = a(b(i))"}
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def products(elems):
-    """(N, k) element indices -> (N, k) running products p_t = g1 g2 ... g_t, vectorized over rows."""
+def products(elems, reverse=None):
+    """(N, k) element indices -> (N, k) running products p_t = g1 g2 ... g_t, vectorized over rows; reverse
+    (N,) bool: those rows in the other order, p_t = g_t ... g2 g1 (--rule)."""
     mul = np.asarray(MUL, dtype=np.int64)
     prods = np.empty_like(elems)
     p = np.full(len(elems), IDENTITY, dtype=np.int64)
+    back = np.zeros(len(elems), dtype=bool) if reverse is None else np.asarray(reverse, dtype=bool)
     for t in range(elems.shape[1]):  # the k sequential steps
-        p = mul[p, elems[:, t]]
+        p = np.where(back, mul[elems[:, t], p], mul[p, elems[:, t]])
         prods[:, t] = p
     return prods
 
 
-def make_rows(elems, seq_len, vocab=(BOS_ID, ELEM_IDS, ANSWER_IDS, PAD_ID), dtype=np.uint16):
+def make_rows(elems, seq_len, vocab=(BOS_ID, ELEM_IDS, ANSWER_IDS, PAD_ID), dtype=np.uint16, reverse=None,
+              marker=None):
     """(N, k) element indices -> ids, targets, steps arrays of shape (N, seq_len); vocab =
-    (bos, element ids, answer ids, pad), the task's own by default."""
+    (bos, element ids, answer ids, pad), the task's own by default; reverse (N,) bool: those rows labeled by
+    the reversed rule and starting with `marker` instead of bos (--rule)."""
     bos, elem_ids, answer_ids, pad = (np.asarray(v, dtype=np.int64) for v in vocab)
     n, k = elems.shape
-    prods = products(elems)
+    prods = products(elems, reverse)
     ids = np.full((n, seq_len), pad, dtype=dtype)
-    ids[:, 0] = bos
+    ids[:, 0] = bos if reverse is None else np.where(reverse, marker, bos)
     ids[:, 1:k + 1] = elem_ids[elems]
     targets = np.full((n, seq_len), IGNORE_INDEX, dtype=np.int32)
     targets[:, 1:k + 1] = answer_ids[prods]  # prediction AT position t (holding g_t) is p_t
@@ -291,6 +317,9 @@ def main():
     parser.add_argument("--render", choices=("symbols", "english"), default="symbols", help="symbols: one token "
                         "per element and answer; english: each element an instruction about the positions of three "
                         "cards, each answer one word (needs --tokenizer; data/depth/english.py)")
+    parser.add_argument("--rule", choices=("forward", "reversed", "both"), default="forward", help="forward: p_t = "
+                        "g1 .. gt; reversed: the other order, p_t = gt .. g1, each row starting with a marker token "
+                        "instead of BOS; both: each row's rule drawn by a fair coin (symbol rows only)")
     labels = parser.add_mutually_exclusive_group()
     labels.add_argument("--cot", action="store_true", help="the same problems as chains of thought "
                         "(BOS g1..gd SEP p1..pd), train rows cut to depths uniform in 1..train_depth")
@@ -306,10 +335,14 @@ def main():
         raise DataError(f"need 1 <= train_depth <= test_depth <= 255, got {args.train_depth}, {args.test_depth}")
     if min(args.num_train, args.num_dev, args.num_test) < 1:
         raise DataError("--num_train, --num_dev and --num_test must be >= 1")
+    if args.rule != "forward" and (in_english or args.cot or args.final_only):
+        raise DataError(f"--rule {args.rule} writes symbol rows with every label: drop --render english, --cot "
+                        "and --final_only")
 
     if args.tokenizer:  # checked first: a bad tokenizer fails before any work
         tok = get_tokenizer(args.tokenizer)
         sep_id = parent_sep(tok) if args.cot else None
+        marker_id = parent_marker(tok) if args.rule != "forward" else None
         vocab = english.english_vocab(tok, ELEMENTS, sep_id) if in_english else parent_vocab(tok)
         dtype = token_dtype(tok.vocab_size)
         words = english.words(ELEMENTS) if in_english else {"elements": WORDS[0], "answers": WORDS[1]}
@@ -320,6 +353,7 @@ def main():
     else:
         vocab, dtype = (BOS_ID, ELEM_IDS, ANSWER_IDS, PAD_ID), np.uint16
         sep_id = PAD_ID  # (see COT_SEP_WORD)
+        marker_id = PAD_ID  # (see REVERSE_WORD)
         tokens = dict(tokenizer="depth task vocabulary", fingerprint=vocab_fingerprint(),
                       vocab_size=VOCAB_SIZE, tokens=TOKENS, dtype="uint16")
     bos_id, answer_ids, pad_id = vocab[0], vocab[-2], vocab[-1]  # every rendering: (bos, .., answer ids, pad)
@@ -356,6 +390,12 @@ def main():
         rows = {"train": in_words(train, train_depths, True) if args.final_only
                 else in_words(train, np.full(len(train), args.train_depth)),
                 **{s: in_words(e, full(e)) for s, e in held_out.items()}}
+    elif args.rule != "forward":  # drawn after every problem (and from generators of their own for dev and test)
+        coin = {"train": rng, "dev": np.random.default_rng([args.seed, 2]), "test": np.random.default_rng([args.seed, 3])}
+        back = lambda s, e: (np.ones(len(e), dtype=bool) if args.rule == "reversed"
+                             else coin[s].random(len(e)) < 0.5)
+        rows = {s: make_rows(e, seq_len, vocab, dtype, back(s, e), marker_id)
+                for s, e in {"train": train, **held_out}.items()}
     else:
         rows = {"train": make_final_rows(train, train_depths, seq_len, vocab, dtype) if args.final_only
                 else make_rows(train, seq_len, vocab, dtype),
@@ -390,6 +430,12 @@ def main():
         "heldout_prefix_disjoint": True, "dev_redrawn": dev_redrawn, "test_redrawn": test_redrawn,
         "seen_in_train": {s: {str(d + 1): f for d, f in enumerate(fr)} for s, fr in seen.items()},
     }
+    if args.rule != "forward":
+        meta.update({"rule": args.rule, "reverse_marker_id": int(marker_id),
+                     "reversed_rows": {s: int((a[0][:, 0] == marker_id).sum()) for s, a in rows.items()},
+                     "composition": "(a b)(i) = a(b(i)); label at depth t is " + (
+                         "gt ... g2 g1; every row starts with the marker" if args.rule == "reversed" else
+                         "g1 g2 ... gt after BOS, gt ... g2 g1 after the marker (a fair coin per row)")})
     if cut:
         meta["train_depth_counts"] = np.bincount(train_depths, minlength=args.train_depth + 1)[1:].tolist()
     if args.final_only:
