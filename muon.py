@@ -190,14 +190,16 @@ def make_optimizers(model, args, precision=None):
     """The recipe's optimizers for train.py's flags (args): Muon on every 2-D matrix of the blocks and the
     adapter; AdamW on embeddings, head, norms and biases (--optimizer adamw: AdamW on everything).
     named_parameters() lists a tied head once. --freeze=base first leaves only the adapter (and with
-    --train_norms the norms) trainable, --exit_gate only the gate. Newton-Schulz runs in precision ("bf16",
+    --train_norms the norms) trainable, --freeze=outer the core's blocks and the adapter, --exit_gate only the gate. Newton-Schulz runs in precision ("bf16",
     "fp32"; None: Muon's own rule). Returns a list of optimizers and the split by name."""
     if args.exit_gate:  # the gate-only stage: every weight of the model stays as it is
         for n, p in model.named_parameters():
             p.requires_grad = n.startswith("exit_gate.")
-    if args.freeze == "base":  # the adapter-only budget: the parent's weights stay as they are
+    if args.freeze != "none":  # base: the adapter-only budget, the parent's weights stay as they are; outer: the
+        # core's blocks train too (a retrofit in place, arXiv 2608.11233: everything outside the loop is the parent's)
+        train = ("adapter.",) + (("core.",) if args.freeze == "outer" else ())
         for n, p in model.named_parameters():
-            p.requires_grad = n.startswith("adapter.") or (args.train_norms and p.ndim == 1 and "norm" in n)
+            p.requires_grad = n.startswith(train) or (args.train_norms and p.ndim == 1 and "norm" in n)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     is_matrix = lambda n, p: p.ndim == 2 and n.startswith(("prelude.", "core.", "coda.", "adapter."))
     if args.optimizer == "adamw":

@@ -95,8 +95,10 @@ RECIPE_FLAGS = dict(
     decay_frac=(0.2, "warmup-stable-decay: last fraction of max_iters with linear decay"),
     min_lr_frac=(0.0, "warmup-stable-decay: the lr at the end, as a fraction of the peak"),
     grad_clip=(1.0, "clip the gradient norm to this; 0 = no clipping"),
-    freeze=("none", "none | base (only the adapter, and norms with --train_norms, train)", ("none", "base")),
-    train_norms=(False, "with --freeze base: the RMSNorm weights train too"),
+    freeze=("none", "none | base (only the adapter, and norms with --train_norms, train) | outer (only the core's "
+            "blocks and the adapter train: a retrofit in place keeps its prelude, coda and embeddings)",
+            ("none", "base", "outer")),
+    train_norms=(False, "with --freeze base or outer: the RMSNorm weights train too"),
     exit_gate=(False, "train only a learned exit gate (exit_gate.py) on the frozen recurrent --init checkpoint"),
     exit_gate_r=(32, "with --exit_gate: the loops of the trajectory the gate learns on"),
 )
@@ -499,18 +501,19 @@ def build_model(args, meta, ckpt_dir=None):
             n_prelude=P, n_core=R, n_coda=C, recurrent=not args.static, adapter_init=args.adapter_init,
             tie_embeddings=not args.untie, mean_recurrence=args.mean_recurrence,
             bos_id=meta.get("bos_id"), eos_id=meta.get("eos_id"), **over)
-        return RecurrentGPT(config), None
-    try:
-        model, src = surgery.load_model(ckpt_dir or args.init, shape=shape, layers=args.layers or None,
-                                        static=args.static, untie=args.untie, adapter_init=args.adapter_init,
-                                        mean_recurrence=args.mean_recurrence, **over)
-        tok_src = run_dir.check_vocabulary(meta, args.data, args.out_dir if ckpt_dir else src, src)
-    except (surgery.SurgeryError, hub.CheckpointError, FileNotFoundError, ValueError) as err:
-        raise TrainError(str(err)) from None
+        model, tok_src = RecurrentGPT(config), None
+    else:
+        try:
+            model, src = surgery.load_model(ckpt_dir or args.init, shape=shape, layers=args.layers or None,
+                                            static=args.static, untie=args.untie, adapter_init=args.adapter_init,
+                                            mean_recurrence=args.mean_recurrence, **over)
+            tok_src = run_dir.check_vocabulary(meta, args.data, args.out_dir if ckpt_dir else src, src)
+        except (surgery.SurgeryError, hub.CheckpointError, FileNotFoundError, ValueError) as err:
+            raise TrainError(str(err)) from None
     if meta["vocab_size"] > model.config.vocab_size:
         raise TrainError(f"data vocab_size {meta['vocab_size']} > model vocab_size {model.config.vocab_size}")
-    if args.freeze == "base" and not model.config.recurrent:
-        raise TrainError("--freeze=base trains only the adapter, which a --static model does not have")
+    if args.freeze != "none" and not model.config.recurrent:
+        raise TrainError(f"--freeze={args.freeze} trains the adapter (and the core), which a --static model does not have")
     if args.exit_gate and not model.config.recurrent:
         raise TrainError(f"--exit_gate needs a recurrent model: {args.init} runs its layers once")
     if args.exit_gate and not model.config.exit_gate:  # a new gate (p = 0.5), saved under exit_gate.*

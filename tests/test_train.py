@@ -446,6 +446,22 @@ def test_freeze_base_trains_only_the_adapter(depth_dir, tmp_path, train_norms):
     assert changed == {"adapter.weight"} | (norms if train_norms else set())
 
 
+def test_freeze_outer_trains_the_core_and_the_adapter(depth_dir, tmp_path):
+    ckpt = tmp_path / "parent"
+    torch.manual_seed(0)
+    RecurrentGPT(RecurrentConfig(vocab_size=14, n_embd=32, n_head=2, n_kv_head=2, head_dim=16, n_core=1)).save_pretrained(ckpt)
+    out = tmp_path / "core"
+    run_train([*TINY, "--init", str(ckpt), "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=2",
+               "--eval_interval=2", "--freeze=outer"])
+    before = RecurrentGPT.from_pretrained(ckpt).state_dict()
+    after = RecurrentGPT.from_pretrained(out).state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed == {"adapter.weight"} | {k for k in before if k.startswith("core.")}  # the blocks' norms too
+    p = run_train([*TINY, "--static", "--data", str(depth_dir), "--out_dir", str(tmp_path / "s"), "--max_iters=1",
+                   "--freeze=outer"], check=False)
+    assert p.returncode != 0 and "--freeze=outer trains the adapter" in p.stderr and "Traceback" not in p.stderr
+
+
 def test_static_baseline_trains_without_a_loop(depth_dir, tmp_path):
     out = tmp_path / "static"
     run_train([*TINY, "--static", "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=2", "--eval_interval=2"])
