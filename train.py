@@ -41,6 +41,7 @@ from plumbing import checkpoint, guards, preempt, run_dir
 from plumbing.batches import accumulation, batch_rows, get_batch, labeled_length, open_splits, state_seeds
 from plumbing.cli import config_defaults, flag_parser, int_list
 from plumbing.device import compile_blocks, precision_context, setup, train_precision
+from plumbing.kl_parent import ParentKL
 from plumbing.run_flags import SYSTEM_FLAGS, SYSTEM_MAY_CHANGE, check_flags
 from plumbing.upload import push_to_hub
 from model import IGNORE_INDEX, RecurrentConfig, RecurrentGPT
@@ -99,6 +100,12 @@ RECIPE_FLAGS = dict(
             "blocks and the adapter train: a retrofit in place keeps its prelude, coda and embeddings)",
             ("none", "base", "outer")),
     train_norms=(False, "with --freeze base or outer: the RMSNorm weights train too"),
+    kl_parent=(0.0, "W: the loss gains W * KL(parent || model) at r = 1 on text (plumbing/kl_parent.py), for a "
+               "retrofit in place"),
+    kl_data=("", "with --kl_parent: plain-text data dir in the model's tokens (its train split)"),
+    kl_init=("", "with --kl_parent: the parent's checkpoint (default --init)"),
+    kl_rows=(2, "with --kl_parent: text windows a step"),
+    kl_len=(128, "with --kl_parent: tokens a window"),
     exit_gate=(False, "train only a learned exit gate (exit_gate.py) on the frozen recurrent --init checkpoint"),
     exit_gate_r=(32, "with --exit_gate: the loops of the trajectory the gate learns on"),
 )
@@ -268,6 +275,7 @@ class Run:
     autocast: object  # bf16 autocast with fp32 weights, or a null context (plumbing/device.py)
     # what it trains and on what
     model: RecurrentGPT
+    kl: object  # plumbing/kl_parent.py's ParentKL under --kl_parent, else None
     ddp_model: torch.nn.Module  # what the forward runs through: DDP's wrap of the model, or the model
     opts: list  # Muon and AdamW (muon.make_optimizers)
     trainable: list  # their parameters
@@ -362,10 +370,16 @@ def train_step(run, args, r, num_steps):
         if loss.requires_grad:
             loss.backward()
         loss_sum += loss.detach()
+    kl = None
+    if run.kl is not None:  # towards the parent's distribution on text, once a step (one process: check_flags)
+        with run.autocast:
+            kl = run.kl.loss(model, step)
+        (args.kl_parent * kl).backward()
+        kl = kl.item()
     if run.ddp:
         dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
     grad_norm = torch.nn.utils.clip_grad_norm_(run.trainable, args.grad_clip if args.grad_clip > 0 else float("inf"))
-    return dict(loss=loss_sum.item(), grad_norm=grad_norm.item(), r=r, mean_r=sched["mean_recurrence"],
+    return dict(loss=loss_sum.item(), kl=kl, grad_norm=grad_norm.item(), r=r, mean_r=sched["mean_recurrence"],
                 lr_mult=sched["lr_mult"], w=w, T_step=T_step, reached=any(p.grad is not None for p in run.trainable))
 
 
@@ -397,6 +411,7 @@ def log_step(run, out, dt, bad, args):
            "flops": run.flops, "tokens_per_sec": total / dt, "lr_mult": out["lr_mult"], "grad_norm": out["grad_norm"],
            "dt": dt, "elapsed": time.time() - run.t_start,
            **({"step_weight": out["w"]} if args.step_supervision else {}),
+           **({"kl": out["kl"]} if out["kl"] is not None else {}),
            **({"mfu": step_flops / dt / (args.peak_flops * run.world)} if args.peak_flops > 0 else {}),
            **({"skipped": True} if bad else {})}
     if run.master:
@@ -461,6 +476,10 @@ def start_run(args):
         raise TrainError(str(err)) from None
     meta, T = train_data["meta"], train_data["T"]
     model, opts, split, tok_src, (step, flops, levels) = start(args, meta, device, rank == 0, precision)
+    try:  # the parent and the text of the KL term (plumbing/kl_parent.py), checked before the first step
+        kl = ParentKL(args.kl_init or args.init, args, meta, device) if args.kl_parent > 0 else None
+    except (FileNotFoundError, ValueError) as err:
+        raise TrainError(str(err)) from None
     # nanoGPT's wrap: the forward runs through DDP, which all-reduces the gradients in backward (a --fsdp model,
     # sharded in start, reduce-scatters them itself)
     wrap = ddp and not args.fsdp
@@ -474,7 +493,7 @@ def start_run(args):
     save = lambda s: (fsdp.save_checkpoint if args.fsdp else run_dir.save_checkpoint)(
         model, opts, s, args, meta["fingerprint"], run.flops, run.levels, info, schedule_at(s, args))
     run = Run(device=device, rank=rank, world=world, ddp=ddp, autocast=precision_context(device, precision),
-              model=model, ddp_model=ddp_model, opts=opts, trainable=[p for p in model.parameters() if p.requires_grad],
+              model=model, kl=kl, ddp_model=ddp_model, opts=opts, trainable=[p for p in model.parameters() if p.requires_grad],
               train_data=train_data, val_data=val_data, T=T, tokens_per_step=tokens_per_step, grad_accum=grad_accum,
               save=save, log=run_dir.start_log(args, step, info, tok_src) if rank == 0 else None,
               bar=tqdm(total=args.max_iters, initial=step, disable=None if rank == 0 else True, dynamic_ncols=True),

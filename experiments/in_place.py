@@ -16,6 +16,8 @@ phase 1 then phase 2 of config/cpu_retrofit_depth*.json at make compute_matched'
   rev_core      from core's first seed, 50 steps on the reversed rule (prepare.py --rule reversed), core trained
   rev_adapter   the same, the adapter alone
   mix_core      from core's first seed, 50 steps on the two rules mixed by a coin per row (--rule both)
+  core_kl       core with a KL term towards the parent on text (train.py --kl_parent, plumbing/kl_parent.py):
+                the rule's remedy, trained only when core fails the retention margin (or --kl asks)
 Beside the training, eval_math.py reads (OUT/evals/<model>/<what>): the text loss at r = 1 of the parent and every
 trained model on two corpora no arm trains on (data/sotu's held-out speeches; Python's own documentation,
 pydoc_data.topics, which ships with CPython); the other rule's test rows for the interference arms and their start.
@@ -53,7 +55,8 @@ EVAL_LIMIT = 500  # test rows a seed reads
 LOSS = ["--task", "loss", "--r", "1", "--batch_size", "4", "--num_batches", "24", "--seq_len", "256", "--split", "val"]
 CORPORA = ("sotu", "pydoc")
 FIRST = ("adapter", "rev_core", "rev_adapter", "mix_core")  # arms of the first seed only
-NEEDS = {"core": "core_phase1", "adapter": "adapter_phase1", "rev_core": "core", "rev_adapter": "core",
+KL_WEIGHT = 1.0  # train.py --kl_parent of core_kl (rules.json in_place retention if_not)
+NEEDS = {"core": "core_phase1", "adapter": "adapter_phase1", "core_kl": "core_kl_phase1", "rev_core": "core", "rev_adapter": "core",
          "mix_core": "core"}  # an arm's seed starts once this arm's same seed is done (english.run_units)
 SMOKE = dict(phase1=2, phase2=1, interference=1, limit=20, num_train=2000, num_dev=100,
              loss=["--num_batches", "2", "--seq_len", "64"], flags=["--batch_size", "4", "--eval_iters", "1"])
@@ -98,7 +101,8 @@ def prepare(p, smoke, log):
 
 
 def arms(out, p, smoke, first):
-    """name -> (train.py args, repeat.py args); the arms of FIRST run the seed `first` alone."""
+    """name -> (train.py args, repeat.py args); the arms of FIRST run the seed `first` alone; core_kl is the core
+    arm with the KL term towards the parent (the rule's remedy, run when retention fails or --kl asks)."""
     n = SMOKE if smoke else STEPS
     limit = str(SMOKE["limit"] if smoke else EVAL_LIMIT)
     extra = SMOKE["flags"] if smoke else []
@@ -106,11 +110,12 @@ def arms(out, p, smoke, first):
     steps = lambda k: ["--max_iters", str(k), "--eval_interval", str(k), "--eval_r", str(READ_R), *extra]
     start = lambda arm: str(out / "arms" / arm) + "/seed_{seed}"
     table = {}
-    for arm, freeze in (("core", "outer"), ("adapter", "base")):
+    kl = ["--kl_parent", str(KL_WEIGHT), "--kl_init", str(p["cut"]), "--kl_data", str(p["sotu"])]
+    for arm, freeze, more in (("core", "outer", []), ("adapter", "base", []), ("core_kl", "outer", kl)):
         table[f"{arm}_phase1"] = (["--config", PHASE1, "--init", str(p["cut"]), "--data", str(p["forward"]),
-                                   "--freeze", freeze, *steps(n["phase1"])], ["--eval", "none"])
+                                   "--freeze", freeze, *steps(n["phase1"]), *more], ["--eval", "none"])
         table[arm] = (["--config", PHASE2, "--init", start(f"{arm}_phase1"), "--data", str(p["forward"]),
-                       "--freeze", freeze, *steps(n["phase2"])], looped)
+                       "--freeze", freeze, *steps(n["phase2"]), *more], looped)
     table["adapter_phase1"][1].extend(["--seeds", str(first)])
     for arm, data, freeze in (("rev_core", "reversed", "outer"), ("rev_adapter", "reversed", "base"),
                               ("mix_core", "both", "outer")):
@@ -125,11 +130,12 @@ def arms(out, p, smoke, first):
 # the readings beside the training: text loss, the other rule's rows
 
 
-def model_dirs(out, p, seeds):
-    """{name: checkpoint dir} of every model the text loss is read on."""
+def model_dirs(out, p, seeds, kl=False):
+    """{name: checkpoint dir} of every model the text loss is read on (with kl: core_kl's seeds too)."""
     first = seeds[0]
     dirs = {"parent": p["cut"], **{f"core/{s}": out / "arms" / "core" / f"seed_{s}" for s in seeds}}
     dirs.update({f"{a}/{first}": out / "arms" / a / f"seed_{first}" for a in FIRST})
+    dirs.update({f"core_kl/{s}": out / "arms" / "core_kl" / f"seed_{s}" for s in seeds} if kl else {})
     return dirs
 
 
@@ -145,12 +151,13 @@ def evaluate(out, name, model, what, cmd_tail, log):
     sh(cmd, log)
 
 
-def readings(out, p, seeds, smoke):
-    """[(name, model, what, eval_math args)] of every reading beside the training."""
+def readings(out, p, seeds, smoke, kl=False):
+    """[(name, model, what, eval_math args)] of every reading beside the training (with kl: core_kl's)."""
     loss = LOSS + (SMOKE["loss"] if smoke else [])
     limit = ["--limit", str(SMOKE["limit"] if smoke else EVAL_LIMIT)]
     rows = lambda data: ["--task", "depth", "--data", str(p[data]), "--split", "test", "--r", f"1,{READ_R}", *limit]
-    todo = [(name, d, c, [*loss, "--data", str(p[c])]) for name, d in model_dirs(out, p, seeds).items() for c in CORPORA]
+    todo = [(name, d, c, [*loss, "--data", str(p[c])]) for name, d in model_dirs(out, p, seeds, kl).items()
+            for c in CORPORA]
     first = seeds[0]
     todo.append((f"core/{first}", out / "arms" / "core" / f"seed_{first}", "reversed", rows("reversed")))
     todo += [(f"{a}/{first}", out / "arms" / a / f"seed_{first}", "forward", rows("forward"))
@@ -164,11 +171,22 @@ def run_all(args, out, p, table):
     prepare(p, args.smoke, logs / "prepare.log")
     order = [(a, str(s)) for s in seeds for a in ("core_phase1", "core")]
     order += [(a, str(seeds[0])) for a in ("adapter_phase1", "adapter", "rev_core", "rev_adapter", "mix_core")]
-    run_units(order, lambda arm, s: run_arms(out, [arm], table, 1, logs, s), args.jobs, NEEDS)
-    # each arm's summary over all its seeds (every seed reused)
-    run_arms(out, list(table), table, args.jobs, logs, args.seeds)
-    with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(lambda t: evaluate(out, *t, logs / "evals.log"), readings(out, p, seeds, args.smoke)))
+    unit = lambda arm, s: run_arms(out, [arm], table, 1, logs, s)
+    run_units(order, unit, args.jobs, NEEDS)
+    main = [a for a in table if not a.startswith("core_kl")]
+    run_arms(out, main, table, args.jobs, logs, args.seeds)  # each arm's summary over all its seeds (all reused)
+
+    def read(kl):
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(lambda t: evaluate(out, *t, logs / "evals.log"), readings(out, p, seeds, args.smoke, kl)))
+
+    read(False)
+    verdict = retention(out, "core", seeds)["verdict"]
+    if verdict == "does not hold" or args.kl:  # the rule's remedy: the same arm with the KL term
+        print(f"retention: {verdict}: the core arm again with the KL term towards the parent (core_kl)", flush=True)
+        run_units([(a, str(s)) for s in seeds for a in ("core_kl_phase1", "core_kl")], unit, args.jobs, NEEDS)
+        run_arms(out, ["core_kl_phase1", "core_kl"], table, args.jobs, logs, args.seeds)
+        read(True)
 
 
 # -----------------------------------------------------------------------------
@@ -200,17 +218,27 @@ def logit_gap(p, model_dir):
     return float((a - b).abs().max())
 
 
+def retention(out, arm, seeds):
+    """The rule's retention comparisons of an arm's seeds against the parent on each corpus (larger is better: the
+    parent's loss minus the arm's, per seed and batch), and their verdict."""
+    res = {}
+    for c in CORPORA:
+        parent, trained = losses(out, "parent", c), np.stack([losses(out, f"{arm}/{s}", c) for s in seeds])
+        res[c] = compare(None, -trained, np.tile(-parent, (len(seeds), 1)), rule=RULE["retention"])
+    return {"by_corpus": res, "verdict": stats.combine(res[c]["verdict"] for c in CORPORA)}
+
+
 def measure(out, p, A, seeds):
-    first = seeds[0]
-    res = {"loops": compare(None, A["core"].rows(TRAIN_K, READ_R), A["core"].rows(TRAIN_K, 1), rule=RULE["loops"])}
-    parent = {c: losses(out, "parent", c) for c in CORPORA}
-    for c in CORPORA:  # larger is better: the parent's loss minus the arm's
-        core = np.stack([losses(out, f"core/{s}", c) for s in seeds])
-        res[f"retention_{c}"] = compare(None, -core, np.tile(-parent[c], (len(seeds), 1)), rule=RULE["retention"])
-    res["verdicts"] = {"loops": res["loops"]["verdict"],
-                       "retention": stats.combine(res[f"retention_{c}"]["verdict"] for c in CORPORA)}
+    first, kl = seeds[0], "core_kl" in A
+    res = {"loops": compare(None, A["core"].rows(TRAIN_K, READ_R), A["core"].rows(TRAIN_K, 1), rule=RULE["loops"]),
+           "retention": {a: retention(out, a, seeds) for a in ("core", "core_kl")[:1 + kl]}}
+    res["verdicts"] = {"loops": res["loops"]["verdict"], "retention": res["retention"]["core"]["verdict"]}
+    if kl:
+        res["loops_kl"] = compare(None, A["core_kl"].rows(TRAIN_K, READ_R), A["core_kl"].rows(TRAIN_K, 1),
+                                  rule=RULE["loops"])
+        res["verdicts"].update(loops_kl=res["loops_kl"]["verdict"], retention_kl=res["retention"]["core_kl"]["verdict"])
     res["text_loss"] = {name: {c: float(losses(out, name, c).mean()) for c in CORPORA}
-                        for name in model_dirs(out, p, seeds)}
+                        for name in model_dirs(out, p, seeds, kl)}
     res["adapter_logit_gap"] = logit_gap(p, out / "arms" / "adapter" / f"seed_{first}")
     core0 = f"core/{first}"
     res["interference"] = {
@@ -240,8 +268,8 @@ def plot(out, A, cut_arm, res, path):
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     for ax, depth, title in ((axes[0], TRAIN_K, f"depth {TRAIN_K} (deepest trained)"),
                              (axes[1], "beyond", f"depths {TRAIN_K + 1}-{TEST_K} pooled")):
-        for name, arm, color in (("in place, core trained", A["core"], "C0"), ("in place, adapter only", A["adapter"], "C1"),
-                                 ("(2,2,2) cut", cut_arm, "C2")):
+        for name, arm, color in (("in place, core trained", A["core"], "C0"), ("in place, core + KL", A.get("core_kl"), "C3"),
+                                 ("in place, adapter only", A["adapter"], "C1"), ("(2,2,2) cut", cut_arm, "C2")):
             if arm is None:
                 continue
             rs, acc = acc_by_r(arm, depth)
@@ -269,7 +297,8 @@ def plot(out, A, cut_arm, res, path):
 def report(args, out, p, command, t0):
     seeds = args.seed_list
     try:
-        A = {a: Arm(out, a) for a in ("core", "adapter", "rev_core", "rev_adapter", "mix_core")}
+        names = ["core", "adapter", "rev_core", "rev_adapter", "mix_core"]
+        A = {a: Arm(out, a) for a in names + ["core_kl"] * (out / "arms" / "core_kl" / "summary.json").is_file()}
         res = measure(out, p, A, seeds)
     except FileNotFoundError as err:
         sys.exit(f"in_place.py: error: not every arm and reading has finished ({err.filename} is missing): "
@@ -281,9 +310,12 @@ def report(args, out, p, command, t0):
              f"test split; layers {RULE['layers']} (block influence of layers 12-16: "
              + ", ".join(f"{res['block_influence'][i]:.3f}" for i in range(12, 17)) + ").", "",
              f"**Loops (core, r = {READ_R} vs 1 at depth {k}): {res['verdicts']['loops']}. Retention at r = 1 "
-             f"(margin {RULE['retention']['margin']} nats): {res['verdicts']['retention']}.**", "",
+             f"(margin {RULE['retention']['margin']} nats): {res['verdicts']['retention']}."
+             + (f" With the KL term (core_kl): loops {res['verdicts']['loops_kl']}, retention "
+                f"{res['verdicts']['retention_kl']}." if "core_kl" in A else "") + "**", "",
              "| test accuracy | " + " | ".join(f"r={r}" for r in rs) + " |", "|---" * (len(rs) + 1) + "|"]
-    for name, arm in (("in place, core", A["core"]), ("in place, adapter", A["adapter"]), ("(2,2,2) cut", cut_arm)):
+    for name, arm in (("in place, core", A["core"]), ("in place, core + KL", A.get("core_kl")),
+                      ("in place, adapter", A["adapter"]), ("(2,2,2) cut", cut_arm)):
         for depth in (k, "beyond"):
             if arm is not None:
                 _, acc = acc_by_r(arm, depth)
@@ -298,7 +330,10 @@ def report(args, out, p, command, t0):
               f"the parent's forward ({f['parent']:.3g}).", "",
               "| text loss at r = 1 (nats/token) | " + " | ".join(CORPORA) + " |", "|---" * (len(CORPORA) + 1) + "|"]
     lines += [f"| {n} | " + " | ".join(f"{v[c]:.4f}" for c in CORPORA) + " |" for n, v in res["text_loss"].items()]
-    lines += [""] + [line(f"retention on {c}: parent - core (negated losses)", res[f"retention_{c}"], 4) for c in CORPORA]
+    lines += [""] + [line(f"retention of {a} on {c}: parent - {a} (negated losses)", r["by_corpus"][c], 4)
+                     for a, r in res["retention"].items() for c in CORPORA]
+    if "loops_kl" in res:
+        lines.append(line(f"loops: core_kl at r = {READ_R} vs r = 1, depth {k}", res["loops_kl"]))
     lines += [f"The adapter-only arm at r = 1 against the parent: largest absolute logit difference "
               f"{res['adapter_logit_gap']:.3g}.", "",
               f"| interference (seed {first}, test accuracy at depth {k}, r = {READ_R}) | forward rule | reversed rule |",
@@ -324,6 +359,8 @@ def main():
     ap.add_argument("--cut_arm", default="out/compute_matched/arms/retrofit",
                     help="the (2,2,2) cut's arm at the same recipe and steps, read for the accuracy table")
     ap.add_argument("--smoke", action="store_true", help="a few steps an arm, small data: the pipeline, not the question")
+    ap.add_argument("--kl", action="store_true", help="train core_kl (the KL term towards the parent) even if the "
+                    "core arm keeps the parent's text loss")
     ap.add_argument("--report", action="store_true", help="train nothing: the report of the finished arms")
     args = ap.parse_args()
     args.seed_list = [int(s) for s in args.seeds.split(",")]

@@ -59,6 +59,10 @@ def check_flags(args, choices):
                            int(os.environ.get("WORLD_SIZE", 1)) > 1):
         raise ValueError("--exit_gate trains a gate on a trained recurrent model, in one process: pass --init with "
                          "its checkpoint directory, without --static, --fsdp or torchrun")
+    if args.kl_parent < 0 or args.kl_parent > 0 and (not args.kl_data or args.fsdp or
+                                                    int(os.environ.get("WORLD_SIZE", 1)) > 1):
+        raise ValueError("--kl_parent W >= 0 adds W * KL(parent || model) on the text of --kl_data, in one process: "
+                         "give --kl_data (e.g. data/sotu) and run it without --fsdp or torchrun")
     if args.init == "scratch" and args.n_embd % args.n_head:
         raise ValueError(f"--n_embd {args.n_embd} is not a multiple of --n_head {args.n_head}")
     if args.push_to_hub:  # a bad repo id, offline or no login: said now, not after the run

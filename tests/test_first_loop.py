@@ -271,3 +271,52 @@ def test_diffusion_bypasses_only_a_positions_first_loop(llama):
 def test_warm_start_is_refused(llama):
     with pytest.raises(ValueError, match="warm_start replaces s_0"):
         generate(in_place(llama[1]), [[1, 2, 3]], max_new_tokens=2, num_steps=2, warm_start=True)
+
+
+def test_kl_towards_the_parent_starts_at_zero_and_keeps_r1(depth_dir, tmp_path):
+    """train.py --kl_parent (plumbing/kl_parent.py) on a parent cut in place: the term is KL(parent || model) per
+    token at r = 1 (checked by hand), exactly 0 at the first step (the model is the parent there), logged every
+    step; with the core trained it grows, and a large weight keeps r = 1 nearer the parent than no term."""
+    from plumbing.kl_parent import ParentKL
+
+    meta = json.loads((depth_dir / "meta.json").read_text())
+    text = tmp_path / "text"  # plain text in the task's own vocabulary: its fingerprint, no labels
+    text.mkdir()
+    torch.randint(0, meta["vocab_size"], (4000,), generator=torch.Generator().manual_seed(3)).numpy().astype(
+        meta["dtype"]).tofile(text / "train.bin")
+    (text / "meta.json").write_text(json.dumps({k: meta[k] for k in ("dtype", "fingerprint", "vocab_size")}))
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=meta["vocab_size"], hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+                                      tie_word_embeddings=True)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "parent")
+    surgery.retrofit(str(tmp_path / "parent"), layers="0-0,1-2,3-3", first_loop="identity")[0].save_pretrained(
+        tmp_path / "cut")
+    base = ["--init", str(tmp_path / "cut"), "--freeze=outer", "--data", str(depth_dir), "--batch_size=8",
+            "--eval_iters=1", "--eval_r=1", "--mean_recurrence=2", "--backprop_depth=2", "--learning_rate=0.05",
+            "--warmup_iters=1", "--decay_frac=0", "--max_iters=8", "--eval_interval=8", "--kl_data", str(text)]
+    gaps = {}
+    for w in (0.0, 100.0):
+        out = tmp_path / f"kl{w:g}"
+        run_train([*base, "--kl_parent", str(w), "--out_dir", str(out)])
+        log = [d for d in map(json.loads, open(out / "log.jsonl")) if "loss" in d]
+        if w:
+            assert log[0]["kl"] == 0.0 and log[-1]["kl"] > 0.0 and all("kl" in d for d in log)
+        else:
+            assert not any("kl" in d for d in log)
+        args = type("A", (), {"kl_data": str(text), "kl_len": 64, "kl_rows": 2, "seed": 9})
+        kl = ParentKL(str(tmp_path / "cut"), args, meta, torch.device("cpu"))
+        model = RecurrentGPT.from_pretrained(str(out)).eval()
+        with torch.no_grad():
+            got = kl.loss(model, 0).item()
+            x = kl.batch(0)
+            p, q = (m(x, num_steps=1)[0].log_softmax(-1) for m in (kl.parent, model))
+            assert got == pytest.approx((p.exp() * (p - q)).sum(-1).mean().item(), rel=1e-5)
+        gaps[w] = got
+    assert 0 < gaps[100.0] < gaps[0.0]  # the term holds r = 1 nearer the parent
+    p = subprocess.run([sys.executable, "train.py", *base, "--kl_parent", "1", "--kl_data", "", "--out_dir",
+                        str(tmp_path / "x")], cwd=ROOT, env=ENV, capture_output=True, text=True)
+    assert p.returncode != 0 and "give --kl_data" in p.stderr and "Traceback" not in p.stderr
+    p = subprocess.run([sys.executable, "train.py", *base, "--kl_parent", "1", "--kl_data", str(depth_dir),
+                        "--out_dir", str(tmp_path / "y")], cwd=ROOT, env=ENV, capture_output=True, text=True)
+    assert p.returncode != 0 and "holds labeled rows" in p.stderr and "Traceback" not in p.stderr

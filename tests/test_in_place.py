@@ -25,7 +25,15 @@ def flag(args, name):
 def test_arms_chain_their_inits_and_pin_the_first_seed(tmp_path):
     p = ip.paths(tmp_path)
     table = ip.arms(tmp_path, p, smoke=False, first=7)
-    assert set(table) == {"core_phase1", "core", "adapter_phase1", "adapter", "rev_core", "rev_adapter", "mix_core"}
+    assert set(table) == {"core_phase1", "core", "adapter_phase1", "adapter", "rev_core", "rev_adapter", "mix_core",
+                          "core_kl_phase1", "core_kl"}
+    for name in ("core_kl_phase1", "core_kl"):  # the remedy: the core arm with the KL term towards the cut's r = 1
+        train = table[name][0]
+        assert flag(train, "--kl_parent") == "1.0" and flag(train, "--kl_init") == str(p["cut"])
+        assert flag(train, "--kl_data") == str(p["sotu"])
+    n = len(table["core_phase1"][0])  # otherwise core's own flags, the KL flags after them
+    assert table["core_kl_phase1"][0][:n] == table["core_phase1"][0]
+    assert flag(table["core_kl"][0], "--init") == str(tmp_path / "arms" / "core_kl_phase1") + "/seed_{seed}"
     for name, (train, rep) in table.items():
         want = "base" if "adapter" in name else "outer"  # adapter alone, or the core's blocks with it
         assert flag(train, "--freeze") == want
@@ -58,13 +66,15 @@ def test_readings_cover_every_model_and_the_other_rule(tmp_path):
 @pytest.mark.slow
 def test_smoke_pipeline_adapter_exact_and_report(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "experiments.in_place", "--smoke", "--seeds", "1337,2", "--jobs", "2", "--out_dir",
+    cmd = [sys.executable, "-m", "experiments.in_place", "--smoke", "--kl", "--seeds", "1337,2", "--jobs", "2", "--out_dir",
            str(tmp_path), "--cut_arm", str(tmp_path / "none")]
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     m = s["measured"]
     assert s["verdicts"]["loops"].startswith("no verdict (2 seeds") and s["commits"]["rules"] is not None
+    assert "retention_kl" in s["verdicts"] and set(m["retention"]) == {"core", "core_kl"}  # --kl ran the remedy
+    assert m["text_loss"]["core_kl/2"] != m["text_loss"]["core/2"]
     # adapter-only keeps r = 1 the parent: not a logit moves, nor the text loss
     assert m["adapter_logit_gap"] == 0.0
     assert m["text_loss"]["adapter/1337"] == m["text_loss"]["parent"]
