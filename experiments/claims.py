@@ -395,6 +395,13 @@ def rules_commit():
         return None
 
 
+def provenance(A, seeds, command, t0):
+    """What a study's summary.json keeps of how it was made: each arm's command, the seeds, the study's command,
+    the commits of the code and of the rules, its seconds."""
+    return {"arms": {n: a.summary["command"] for n, a in A.items()}, "seeds": seeds, "command": command,
+            "commits": {"code": git_commit() or None, "rules": rules_commit()}, "seconds": time.time() - t0}
+
+
 def report(args, out, chosen, command, t0):
     """summary.json and PNG per claim whose arms are all finished, and claims.md (claims in their order)."""
     rows, n = [], len(args.seeds.split(","))

@@ -60,7 +60,7 @@ import numpy as np
 
 from experiments import stats
 from experiments.claim_arms import run_arms, sh
-from experiments.claims import RULES, Arm, compare, line, reported, rules_commit
+from experiments.claims import RULES, Arm, compare, line, provenance, reported, rules_commit
 from plumbing.cli import git_commit
 from plumbing.plots import pyplot
 
@@ -440,8 +440,7 @@ def report(args, out, plan, command, t0):
     md = "\n".join(lines)
     (out / "compute_matched.md").write_text(md + "\n")
     summary = {"question": RULE["question"], "rule": RULE, "verdict": verdict, "measured": m, "plan": plan,
-               "arms": {n: a.summary["command"] for n, a in A.items()}, "seeds": args.seed_list, "command": command,
-               "commits": {"code": git_commit() or None, "rules": rules_commit()}, "seconds": time.time() - t0}
+               **provenance(A, args.seed_list, command, t0)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot(A, m, out / "compute_matched.png")
     print(f"\n{md}\n\nwrote {out / 'summary.json'}, {out / 'compute_matched.md'}, {out / 'compute_matched.png'}")

@@ -40,7 +40,7 @@ import numpy as np
 
 from experiments import compute_matched, stats
 from experiments.claim_arms import run_arms, sh
-from experiments.claims import RULES, Arm, compare, line, rules_commit
+from experiments.claims import RULES, Arm, compare, line, provenance, rules_commit
 from experiments.english import run_units
 from plumbing.cli import git_commit
 from plumbing.plots import pyplot
@@ -343,8 +343,7 @@ def report(args, out, p, command, t0):
     md = "\n".join(lines)
     (out / "in_place.md").write_text(md + "\n")
     summary = {"question": RULE["question"], "rule": RULE, "verdicts": res["verdicts"], "measured": res,
-               "arms": {n: a.summary["command"] for n, a in A.items()}, "seeds": seeds, "command": command,
-               "commits": {"code": git_commit() or None, "rules": rules_commit()}, "seconds": time.time() - t0}
+               **provenance(A, seeds, command, t0)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
     plot(out, A, cut_arm, res, out / "in_place.png")
     print(f"\n{md}\n\nwrote {out / 'summary.json'}, {out / 'in_place.md'}, {out / 'in_place.png'}")
