@@ -35,9 +35,9 @@ the other three baselines by the same rule, beside it; the r dev picks beside th
 The figure: accuracy against training FLOPs, one line per arm, from train.py's own evaluations along each run
 (dev rows, the only split a run may look at while it trains), the test split's mean ± std at each run's end.
 
-What the budget cut, against `make retrofit_depth` and claims.py's protocol: the retrofit trains STEPS (a quarter
-of the recipe's 400 + 50 optimizer steps: it is far from converged, and the question is asked of that early
-regime); the wall-time matching is read along the FLOPs-matched runs, not trained; three lr values a baseline
+What the budget cut, against `make retrofit_depth` and claims.py's protocol: the retrofit trains STEPS (half of
+the recipe's 400 + 50 optimizer steps: it is far from converged, and the question is asked of that early regime;
+a quarter, first planned, left every arm near chance at depth 6 on dev); the wall-time matching is read along the FLOPs-matched runs, not trained; three lr values a baseline
 arm; EVAL_LIMIT test and dev rows a seed; CURVE_POINTS evaluations of CURVE_ITERS batches along each run; phase 1
 alone is never evaluated on test. RESULTS.md has the plan's times.
 
@@ -66,7 +66,7 @@ from plumbing.plots import pyplot
 
 RULE = RULES["compute_matched"]
 PHASE1, PHASE2 = "config/cpu_retrofit_depth.json", "config/cpu_retrofit_depth_phase2.json"
-STEPS = {"retrofit_phase1": 100, "retrofit_phase2": 12}  # the recipe's 400 : 50, scaled to the budget
+STEPS = {"retrofit_phase1": 200, "retrofit_phase2": 25}  # the recipe's 400 : 50, halved for the budget
 LR_GRID = (3e-3, 1e-2, 3e-2)  # Muon's lr of a baseline arm, around the recipe's 1e-2
 SHAPES = {"uncut": "1,28,1", "static6": "2,2,2"}  # the static baselines: the whole parent, the retrofit's six layers
 BASELINES = ("uncut_flops", "static6_flops")  # each model trained to the retrofit's training FLOPs

@@ -10,7 +10,7 @@ text loss at r = 1? The verdicts follow experiments/rules.json "in_place", writt
     python -m experiments.in_place --smoke --out_dir /tmp/in_place_smoke   # the pipeline at a few steps, no verdict
 
 The arms (experiments/repeat.py folders under OUT/arms; a finished seed is reused, a killed one resumes), each
-phase 1 then phase 2 of config/cpu_retrofit_depth*.json at make compute_matched's steps (100 + 12):
+phase 1 then phase 2 of config/cpu_retrofit_depth*.json at a quarter of their steps (100 + 12: the budget):
   core          --freeze outer: the core's two blocks and the adapter train, everything else is the parent's (5 seeds)
   adapter       --freeze base: the adapter alone (the first seed)
   rev_core      from core's first seed, 50 steps on the reversed rule (prepare.py --rule reversed), core trained
@@ -18,13 +18,14 @@ phase 1 then phase 2 of config/cpu_retrofit_depth*.json at make compute_matched'
   mix_core      from core's first seed, 50 steps on the two rules mixed by a coin per row (--rule both)
   core_kl       core with a KL term towards the parent on text (train.py --kl_parent, plumbing/kl_parent.py):
                 the rule's remedy, trained only when core fails the retention margin (or --kl asks)
+  cut222        SmolLM2 cut to (2,2,2) by dropping 24 layers (every other result here), all its weights trained,
+                the same steps: the accuracy table's comparison (the first seed)
 Beside the training, eval_math.py reads (OUT/evals/<model>/<what>): the text loss at r = 1 of the parent and every
 trained model on two corpora no arm trains on (data/sotu's held-out speeches; Python's own documentation,
 pydoc_data.topics, which ships with CPython); the other rule's test rows for the interference arms and their start.
 
 Writes OUT/summary.json, OUT/in_place.md (the tables) and OUT/in_place.png (accuracy against r beside the (2,2,2)
-cut's; text loss at r = 1 against the parent's: the retention figure). The (2,2,2) cut's accuracy is read from
-make compute_matched's retrofit arm (--cut_arm) when it has run; it is left out, and said so, when it has not.
+cut's; text loss at r = 1 against the parent's: the retention figure).
 """
 
 import argparse
@@ -48,15 +49,14 @@ from plumbing.plots import pyplot
 RULE = RULES["in_place"]
 TRAIN_K, TEST_K = RULES["train_depth"], RULES["test_depth"]
 PHASE1, PHASE2 = compute_matched.PHASE1, compute_matched.PHASE2
-STEPS = {"phase1": compute_matched.STEPS["retrofit_phase1"], "phase2": compute_matched.STEPS["retrofit_phase2"],
-         "interference": 50}
+STEPS = {"phase1": 100, "phase2": 12, "interference": 50}  # a quarter of make retrofit_depth's 400 + 50: the budget
 EVAL_R, READ_R = "1,2,4,8,16,32", 8  # the accuracy table's r; the r the loops and the interference are read at
 EVAL_LIMIT = 500  # test rows a seed reads
 LOSS = ["--task", "loss", "--r", "1", "--batch_size", "4", "--num_batches", "24", "--seq_len", "256", "--split", "val"]
 CORPORA = ("sotu", "pydoc")
-FIRST = ("adapter", "rev_core", "rev_adapter", "mix_core")  # arms of the first seed only
+FIRST = ("adapter", "rev_core", "rev_adapter", "mix_core", "cut222")  # arms of the first seed only
 KL_WEIGHT = 1.0  # train.py --kl_parent of core_kl (rules.json in_place retention if_not)
-NEEDS = {"core": "core_phase1", "adapter": "adapter_phase1", "core_kl": "core_kl_phase1", "rev_core": "core", "rev_adapter": "core",
+NEEDS = {"core": "core_phase1", "adapter": "adapter_phase1", "core_kl": "core_kl_phase1", "cut222": "cut222_phase1", "rev_core": "core", "rev_adapter": "core",
          "mix_core": "core"}  # an arm's seed starts once this arm's same seed is done (english.run_units)
 SMOKE = dict(phase1=2, phase2=1, interference=1, limit=20, num_train=2000, num_dev=100,
              loss=["--num_batches", "2", "--seq_len", "64"], flags=["--batch_size", "4", "--eval_iters", "1"])
@@ -64,7 +64,7 @@ SMOKE = dict(phase1=2, phase2=1, interference=1, limit=20, num_train=2000, num_d
 
 def paths(out):
     d = out / "data"
-    return dict(cut=out / "cut", layers=out / "layers", forward=d / "forward", reversed=d / "reversed",
+    return dict(cut=out / "cut", cut222=out / "cut222", layers=out / "layers", forward=d / "forward", reversed=d / "reversed",
                 both=d / "both", sotu=d / "sotu", pydoc=d / "pydoc", pydoc_text=d / "pydoc_text")
 
 
@@ -79,6 +79,8 @@ def prepare(p, smoke, log):
     if not (p["cut"] / "model.safetensors").is_file():
         sh([py, "surgery.py", "--init", "smollm2", "--layers", RULE["layers"], "--first_loop", "identity",
             "--out", str(p["cut"]), "--overwrite"], log)
+    if not (p["cut222"] / "model.safetensors").is_file():  # the layer-dropping cut of every other result here
+        sh([py, "surgery.py", "--init", "smollm2", "--shape", "2,2,2", "--out", str(p["cut222"]), "--overwrite"], log)
     if not (p["layers"] / "analyze.json").is_file():
         sh([py, "analyze.py", "--layers_of", "smollm2", "--shape", "14,2,14", "--out_dir", str(p["layers"])], log)
     sizes = ["--num_train", str(SMOKE["num_train"]), "--num_dev", str(SMOKE["num_dev"])] if smoke else []
@@ -111,12 +113,14 @@ def arms(out, p, smoke, first):
     start = lambda arm: str(out / "arms" / arm) + "/seed_{seed}"
     table = {}
     kl = ["--kl_parent", str(KL_WEIGHT), "--kl_init", str(p["cut"]), "--kl_data", str(p["sotu"])]
-    for arm, freeze, more in (("core", "outer", []), ("adapter", "base", []), ("core_kl", "outer", kl)):
-        table[f"{arm}_phase1"] = (["--config", PHASE1, "--init", str(p["cut"]), "--data", str(p["forward"]),
+    for arm, cut, freeze, more in (("core", "cut", "outer", []), ("adapter", "cut", "base", []),
+                                   ("core_kl", "cut", "outer", kl), ("cut222", "cut222", "none", [])):
+        table[f"{arm}_phase1"] = (["--config", PHASE1, "--init", str(p[cut]), "--data", str(p["forward"]),
                                    "--freeze", freeze, *steps(n["phase1"]), *more], ["--eval", "none"])
         table[arm] = (["--config", PHASE2, "--init", start(f"{arm}_phase1"), "--data", str(p["forward"]),
                        "--freeze", freeze, *steps(n["phase2"]), *more], looped)
-    table["adapter_phase1"][1].extend(["--seeds", str(first)])
+    for arm in ("adapter_phase1", "cut222_phase1"):
+        table[arm][1].extend(["--seeds", str(first)])
     for arm, data, freeze in (("rev_core", "reversed", "outer"), ("rev_adapter", "reversed", "base"),
                               ("mix_core", "both", "outer")):
         table[arm] = (["--config", PHASE1, "--init", start("core"), "--data", str(p[data]), "--freeze", freeze,
@@ -170,7 +174,8 @@ def run_all(args, out, p, table):
     logs, seeds = out / "logs", args.seed_list
     prepare(p, args.smoke, logs / "prepare.log")
     order = [(a, str(s)) for s in seeds for a in ("core_phase1", "core")]
-    order += [(a, str(seeds[0])) for a in ("adapter_phase1", "adapter", "rev_core", "rev_adapter", "mix_core")]
+    order += [(a, str(seeds[0])) for a in ("adapter_phase1", "adapter", "rev_core", "rev_adapter", "mix_core",
+                                           "cut222_phase1", "cut222")]
     unit = lambda arm, s: run_arms(out, [arm], table, 1, logs, s)
     run_units(order, unit, args.jobs, NEEDS)
     main = [a for a in table if not a.startswith("core_kl")]
@@ -230,11 +235,11 @@ def retention(out, arm, seeds):
 
 def measure(out, p, A, seeds):
     first, kl = seeds[0], "core_kl" in A
-    res = {"loops": compare(None, A["core"].rows(TRAIN_K, READ_R), A["core"].rows(TRAIN_K, 1), rule=RULE["loops"]),
+    res = {"loops": compare(None, A["core"].rows("trained", READ_R), A["core"].rows("trained", 1), rule=RULE["loops"]),
            "retention": {a: retention(out, a, seeds) for a in ("core", "core_kl")[:1 + kl]}}
     res["verdicts"] = {"loops": res["loops"]["verdict"], "retention": res["retention"]["core"]["verdict"]}
     if kl:
-        res["loops_kl"] = compare(None, A["core_kl"].rows(TRAIN_K, READ_R), A["core_kl"].rows(TRAIN_K, 1),
+        res["loops_kl"] = compare(None, A["core_kl"].rows("trained", READ_R), A["core_kl"].rows("trained", 1),
                                   rule=RULE["loops"])
         res["verdicts"].update(loops_kl=res["loops_kl"]["verdict"], retention_kl=res["retention"]["core_kl"]["verdict"])
     res["text_loss"] = {name: {c: float(losses(out, name, c).mean()) for c in CORPORA}
@@ -263,13 +268,13 @@ def acc_by_r(arm, depth):
     return rs, np.array([arm.acc(depth, r) for r in rs])  # (r, seeds)
 
 
-def plot(out, A, cut_arm, res, path):
+def plot(out, A, res, path):
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     for ax, depth, title in ((axes[0], TRAIN_K, f"depth {TRAIN_K} (deepest trained)"),
                              (axes[1], "beyond", f"depths {TRAIN_K + 1}-{TEST_K} pooled")):
         for name, arm, color in (("in place, core trained", A["core"], "C0"), ("in place, core + KL", A.get("core_kl"), "C3"),
-                                 ("in place, adapter only", A["adapter"], "C1"), ("(2,2,2) cut", cut_arm, "C2")):
+                                 ("in place, adapter only", A["adapter"], "C1"), ("(2,2,2) cut, all trained", A["cut222"], "C2")):
             if arm is None:
                 continue
             rs, acc = acc_by_r(arm, depth)
@@ -297,35 +302,32 @@ def plot(out, A, cut_arm, res, path):
 def report(args, out, p, command, t0):
     seeds = args.seed_list
     try:
-        names = ["core", "adapter", "rev_core", "rev_adapter", "mix_core"]
+        names = ["core", "adapter", "rev_core", "rev_adapter", "mix_core", "cut222"]
         A = {a: Arm(out, a) for a in names + ["core_kl"] * (out / "arms" / "core_kl" / "summary.json").is_file()}
         res = measure(out, p, A, seeds)
     except FileNotFoundError as err:
         sys.exit(f"in_place.py: error: not every arm and reading has finished ({err.filename} is missing): "
                  "run without --report")
-    cut_arm = Arm(Path(args.cut_arm).parents[1], Path(args.cut_arm).name) if (Path(args.cut_arm) / "summary.json").is_file() else None
     k, first = TRAIN_K, seeds[0]
     rs = EVAL_R.split(",")
     lines = [f"Rule: experiments/rules.json in_place at {rules_commit()}; code at {git_commit() or None}; seeds {args.seeds}; "
              f"test split; layers {RULE['layers']} (block influence of layers 12-16: "
              + ", ".join(f"{res['block_influence'][i]:.3f}" for i in range(12, 17)) + ").", "",
-             f"**Loops (core, r = {READ_R} vs 1 at depth {k}): {res['verdicts']['loops']}. Retention at r = 1 "
+             f"**Loops (core, r = {READ_R} vs 1 over depths 1-{k}): {res['verdicts']['loops']}. Retention at r = 1 "
              f"(margin {RULE['retention']['margin']} nats): {res['verdicts']['retention']}."
              + (f" With the KL term (core_kl): loops {res['verdicts']['loops_kl']}, retention "
                 f"{res['verdicts']['retention_kl']}." if "core_kl" in A else "") + "**", "",
              "| test accuracy | " + " | ".join(f"r={r}" for r in rs) + " |", "|---" * (len(rs) + 1) + "|"]
     for name, arm in (("in place, core", A["core"]), ("in place, core + KL", A.get("core_kl")),
-                      ("in place, adapter", A["adapter"]), ("(2,2,2) cut", cut_arm)):
+                      ("in place, adapter", A["adapter"]), ("(2,2,2) cut", A["cut222"])):
         for depth in (k, "beyond"):
             if arm is not None:
                 _, acc = acc_by_r(arm, depth)
                 cells = [f"{m:.3f} ± {s:.3f}" if acc.shape[1] > 1 else f"{m:.3f}"
                          for m, s in zip(acc.mean(1), acc.std(1, ddof=1) if acc.shape[1] > 1 else acc.mean(1))]
                 lines.append(f"| {name}, depth {depth} ({acc.shape[1]} seeds) | " + " | ".join(cells) + " |")
-    if cut_arm is None:
-        lines.append(f"(the (2,2,2) cut: {args.cut_arm} has not run: make compute_matched)")
     f = res["flops_per_token"]
-    lines += ["", line(f"loops: core at r = {READ_R} vs r = 1, depth {k}", res["loops"]),
+    lines += ["", line(f"loops: core at r = {READ_R} vs r = 1, depths 1-{k}", res["loops"]),
               f"Each loop past the first costs {f['per_loop']:.3g} FLOPs a token, {f['per_loop'] / f['parent']:.1%} of "
               f"the parent's forward ({f['parent']:.3g}).", "",
               "| text loss at r = 1 (nats/token) | " + " | ".join(CORPORA) + " |", "|---" * (len(CORPORA) + 1) + "|"]
@@ -333,7 +335,7 @@ def report(args, out, p, command, t0):
     lines += [""] + [line(f"retention of {a} on {c}: parent - {a} (negated losses)", r["by_corpus"][c], 4)
                      for a, r in res["retention"].items() for c in CORPORA]
     if "loops_kl" in res:
-        lines.append(line(f"loops: core_kl at r = {READ_R} vs r = 1, depth {k}", res["loops_kl"]))
+        lines.append(line(f"loops: core_kl at r = {READ_R} vs r = 1, depths 1-{k}", res["loops_kl"]))
     lines += [f"The adapter-only arm at r = 1 against the parent: largest absolute logit difference "
               f"{res['adapter_logit_gap']:.3g}.", "",
               f"| interference (seed {first}, test accuracy at depth {k}, r = {READ_R}) | forward rule | reversed rule |",
@@ -345,7 +347,7 @@ def report(args, out, p, command, t0):
     summary = {"question": RULE["question"], "rule": RULE, "verdicts": res["verdicts"], "measured": res,
                **provenance(A, seeds, command, t0)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
-    plot(out, A, cut_arm, res, out / "in_place.png")
+    plot(out, A, res, out / "in_place.png")
     print(f"\n{md}\n\nwrote {out / 'summary.json'}, {out / 'in_place.md'}, {out / 'in_place.png'}")
 
 
@@ -355,8 +357,6 @@ def main():
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (2 on a 2-core machine)")
     ap.add_argument("--seeds", default=",".join(map(str, RULE["seeds"])),
                     help=f"train.py seeds of the core arm; the first also runs the others ({stats.MIN_SEEDS} for a verdict)")
-    ap.add_argument("--cut_arm", default="out/compute_matched/arms/retrofit",
-                    help="the (2,2,2) cut's arm at the same recipe and steps, read for the accuracy table")
     ap.add_argument("--smoke", action="store_true", help="a few steps an arm, small data: the pipeline, not the question")
     ap.add_argument("--kl", action="store_true", help="train core_kl (the KL term towards the parent) even if the "
                     "core arm keeps the parent's text loss")

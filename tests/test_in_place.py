@@ -26,7 +26,7 @@ def test_arms_chain_their_inits_and_pin_the_first_seed(tmp_path):
     p = ip.paths(tmp_path)
     table = ip.arms(tmp_path, p, smoke=False, first=7)
     assert set(table) == {"core_phase1", "core", "adapter_phase1", "adapter", "rev_core", "rev_adapter", "mix_core",
-                          "core_kl_phase1", "core_kl"}
+                          "core_kl_phase1", "core_kl", "cut222_phase1", "cut222"}
     for name in ("core_kl_phase1", "core_kl"):  # the remedy: the core arm with the KL term towards the cut's r = 1
         train = table[name][0]
         assert flag(train, "--kl_parent") == "1.0" and flag(train, "--kl_init") == str(p["cut"])
@@ -35,19 +35,19 @@ def test_arms_chain_their_inits_and_pin_the_first_seed(tmp_path):
     assert table["core_kl_phase1"][0][:n] == table["core_phase1"][0]
     assert flag(table["core_kl"][0], "--init") == str(tmp_path / "arms" / "core_kl_phase1") + "/seed_{seed}"
     for name, (train, rep) in table.items():
-        want = "base" if "adapter" in name else "outer"  # adapter alone, or the core's blocks with it
+        want = "base" if "adapter" in name else "none" if "cut222" in name else "outer"  # adapter, core + adapter
         assert flag(train, "--freeze") == want
-        assert ("--seeds" in rep) == (name.startswith(("adapter", "rev_", "mix_")))
+        assert ("--seeds" in rep) == (name.startswith(("adapter", "rev_", "mix_", "cut222")))
         if "--seeds" in rep:
             assert flag(rep, "--seeds") == "7"
-    assert flag(table["core_phase1"][0], "--init") == str(p["cut"])
+    assert flag(table["core_phase1"][0], "--init") == str(p["cut"]) and flag(table["cut222_phase1"][0], "--init") == str(
+        p["cut222"])
     assert flag(table["core"][0], "--init") == str(tmp_path / "arms" / "core_phase1") + "/seed_{seed}"
     for arm, data in (("rev_core", "reversed"), ("rev_adapter", "reversed"), ("mix_core", "both")):
         assert flag(table[arm][0], "--init") == str(tmp_path / "arms" / "core") + "/seed_{seed}"
         assert flag(table[arm][0], "--data") == str(p[data]) and flag(table[arm][0], "--max_iters") == "50"
-    # the same steps as make compute_matched's retrofit: the (2,2,2) cut compares at equal steps
-    assert flag(table["core_phase1"][0], "--max_iters") == str(ip.compute_matched.STEPS["retrofit_phase1"])
-    assert flag(table["core"][0], "--max_iters") == str(ip.compute_matched.STEPS["retrofit_phase2"])
+    for arm in ("core", "cut222"):  # the (2,2,2) cut compares at equal steps
+        assert flag(table[f"{arm}_phase1"][0], "--max_iters") == "100" and flag(table[arm][0], "--max_iters") == "12"
     assert ip.NEEDS["core"] == "core_phase1" and all(ip.NEEDS[a] == "core" for a in ("rev_core", "mix_core"))
 
 
@@ -67,7 +67,7 @@ def test_readings_cover_every_model_and_the_other_rule(tmp_path):
 def test_smoke_pipeline_adapter_exact_and_report(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "experiments.in_place", "--smoke", "--kl", "--seeds", "1337,2", "--jobs", "2", "--out_dir",
-           str(tmp_path), "--cut_arm", str(tmp_path / "none")]
+           str(tmp_path)]
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     s = json.loads((tmp_path / "summary.json").read_text())
@@ -81,5 +81,5 @@ def test_smoke_pipeline_adapter_exact_and_report(tmp_path):
     assert m["text_loss"]["core/1337"] != m["text_loss"]["parent"]  # the trained core is on the r = 1 path
     assert set(m["interference"]) == {"before", "rev_core", "rev_adapter", "mix_core"}
     md = (tmp_path / "in_place.md").read_text()
-    assert "has not run: make compute_matched" in md and (tmp_path / "in_place.png").stat().st_size > 0
+    assert "| (2,2,2) cut, depth 6 (1 seeds) |" in md and (tmp_path / "in_place.png").stat().st_size > 0
     shutil.rmtree(tmp_path)  # every seed's checkpoint of the 30-layer model: gigabytes pytest would keep
