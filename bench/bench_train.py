@@ -203,7 +203,7 @@ def retrofit_run(data, precision, seed=0):
     torch.manual_seed(seed)
     model = RecurrentGPT(smollm2_config((2, 2, 2)))
     opts, _ = train.make_optimizers(model, args, precision)
-    run = SimpleNamespace(model=model, ddp_model=model, opts=opts, trainable=list(model.parameters()),
+    run = SimpleNamespace(model=model, kl=None, ddp_model=model, opts=opts, trainable=list(model.parameters()),
                           train_data=data, device=torch.device("cpu"), world=1, rank=0, grad_accum=1,
                           ddp=False, bad_in_row=0, step=0,
                           autocast=precision_context("cpu", precision))
