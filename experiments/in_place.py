@@ -245,14 +245,12 @@ def measure(out, p, A, seeds):
     res["text_loss"] = {name: {c: float(losses(out, name, c).mean()) for c in CORPORA}
                         for name in model_dirs(out, p, seeds, kl)}
     res["adapter_logit_gap"] = logit_gap(p, out / "arms" / "adapter" / f"seed_{first}")
-    core0 = f"core/{first}"
-    res["interference"] = {
-        "before": {"forward": A["core"].acc(TRAIN_K, READ_R)[0],
-                   "reversed": accuracy(out, core0, "reversed", TRAIN_K)[READ_R]},
-        **{a: {"forward": accuracy(out, f"{a}/{first}", "forward", TRAIN_K)[READ_R],
-               "reversed" if a != "mix_core" else "mixed": A[a].acc(TRAIN_K, READ_R)[0],
-               **({"reversed": accuracy(out, f"{a}/{first}", "reversed", TRAIN_K)[READ_R]} if a == "mix_core" else {})}
-           for a in ("rev_core", "rev_adapter", "mix_core")}}
+    rule = lambda name, data: accuracy(out, f"{name}/{first}", data, TRAIN_K)[READ_R]  # OUT/evals' readings
+    res["interference"] = {"before": {"forward": A["core"].acc(TRAIN_K, READ_R)[0], "reversed": rule("core", "reversed")}}
+    for a in ("rev_core", "rev_adapter", "mix_core"):
+        own = A[a].acc(TRAIN_K, READ_R)[0]  # the test rows of the data it trained on
+        res["interference"][a] = {"forward": rule(a, "forward"),
+                                  **({"reversed": rule(a, "reversed"), "mixed": own} if a == "mix_core" else {"reversed": own})}
     from model import RecurrentGPT
 
     cut = RecurrentGPT.from_pretrained(str(p["cut"]))
@@ -268,7 +266,7 @@ def acc_by_r(arm, depth):
     return rs, np.array([arm.acc(depth, r) for r in rs])  # (r, seeds)
 
 
-def plot(out, A, res, path):
+def plot(A, res, path):
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     for ax, depth, title in ((axes[0], TRAIN_K, f"depth {TRAIN_K} (deepest trained)"),
@@ -347,7 +345,7 @@ def report(args, out, p, command, t0):
     summary = {"question": RULE["question"], "rule": RULE, "verdicts": res["verdicts"], "measured": res,
                **provenance(A, seeds, command, t0)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
-    plot(out, A, res, out / "in_place.png")
+    plot(A, res, out / "in_place.png")
     print(f"\n{md}\n\nwrote {out / 'summary.json'}, {out / 'in_place.md'}, {out / 'in_place.png'}")
 
 
