@@ -474,8 +474,8 @@ def main():
             row = rows["dev"][0][0]
             print("a dev row, its chain after the separator:\n  " + tok.decode([int(i) for i in row[row != pad_id]]))
         else:
-            print("a dev row, each label as [answer] after the \".\" it is read at:\n  "
-                  + english.show_row(tok, rows["dev"][0][0], rows["dev"][1][0]))
+            print("three train rows, each label as [answer] after the \".\" it is read at:\n" + "\n".join(
+                english.show_row(tok, rows["train"][0][i], rows["train"][1][i]) for i in range(3)))
     print_summary(out_dir, meta, files + ["meta.json"])
 
 
