@@ -190,8 +190,9 @@ def make_optimizers(model, args, precision=None):
     """The recipe's optimizers for train.py's flags (args): Muon on every 2-D matrix of the blocks and the
     adapter; AdamW on embeddings, head, norms and biases (--optimizer adamw: AdamW on everything).
     named_parameters() lists a tied head once. --freeze=base first leaves only the adapter (and with
-    --train_norms the norms) trainable, --freeze=outer the core's blocks and the adapter, --exit_gate only the gate. Newton-Schulz runs in precision ("bf16",
-    "fp32"; None: Muon's own rule). Returns a list of optimizers and the split by name."""
+    --train_norms the norms) trainable, --freeze=outer the core's blocks and the adapter, --exit_gate only the
+    gate. Newton-Schulz runs in precision ("bf16", "fp32"; None: Muon's own rule). Returns a list of optimizers
+    and the split by name."""
     if args.exit_gate:  # the gate-only stage: every weight of the model stays as it is
         for n, p in model.named_parameters():
             p.requires_grad = n.startswith("exit_gate.")
