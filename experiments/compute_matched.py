@@ -37,9 +37,10 @@ The figure: accuracy against training FLOPs, one line per arm, from train.py's o
 
 What the budget cut, against `make retrofit_depth` and claims.py's protocol: the retrofit trains STEPS (half of
 the recipe's 400 + 50 optimizer steps: it is far from converged, and the question is asked of that early regime;
-a quarter, first planned, left every arm near chance at depth 6 on dev); the wall-time matching is read along the FLOPs-matched runs, not trained; three lr values a baseline
-arm; EVAL_LIMIT test and dev rows a seed; CURVE_POINTS evaluations of CURVE_ITERS batches along each run; phase 1
-alone is never evaluated on test. RESULTS.md has the plan's times.
+a quarter, first planned, left every arm near chance at depth 6 on dev); the wall-time matching is read along the
+FLOPs-matched runs, not trained; three lr values a baseline arm; EVAL_LIMIT test and dev rows a seed; CURVE_POINTS
+evaluations of CURVE_ITERS batches along each run; phase 1 alone is never evaluated on test. RESULTS.md has the
+plan's times.
 
 Writes OUT/plan.json, OUT/summary.json (rule, verdicts, per-arm FLOPs, seconds, inference FLOPs, dev picks,
 commits), OUT/compute_matched.md (the table) and OUT/compute_matched.png. Every seed keeps its last checkpoint
