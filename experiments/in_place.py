@@ -212,15 +212,15 @@ def accuracy(out, name, data, depth):
     return {row["r"]: key(row) for row in res}
 
 
-def logit_gap(p, model_dir):
+def logit_gap(p, parent, model_dir):
     """The largest absolute logit difference at r = 1 between a model and the parent, on a window of held-out text."""
     import torch
+    from data.common import open_split
     from model import RecurrentGPT
 
-    ids = np.fromfile(p["sotu"] / "val.bin", dtype=json.loads((p["sotu"] / "meta.json").read_text())["dtype"])[:256]
-    x = torch.from_numpy(ids.astype(np.int64))[None]
+    x = torch.from_numpy(open_split(p["sotu"], "val")[0][:256].astype(np.int64))[None]
     with torch.no_grad():
-        a, b = (RecurrentGPT.from_pretrained(str(d)).eval()(x, num_steps=1)[0] for d in (model_dir, p["cut"]))
+        a, b = (m.eval()(x, num_steps=1)[0] for m in (RecurrentGPT.from_pretrained(str(model_dir)), parent))
     return float((a - b).abs().max())
 
 
@@ -245,16 +245,16 @@ def measure(out, p, A, seeds):
         res["verdicts"].update(loops_kl=res["loops_kl"]["verdict"], retention_kl=res["retention"]["core_kl"]["verdict"])
     res["text_loss"] = {name: {c: float(losses(out, name, c).mean()) for c in CORPORA}
                         for name in model_dirs(out, p, seeds, kl)}
-    res["adapter_logit_gap"] = logit_gap(p, out / "arms" / "adapter" / f"seed_{first}")
+    from model import RecurrentGPT
+
+    cut = RecurrentGPT.from_pretrained(str(p["cut"]))  # the parent at r = 1, loaded once
+    res["adapter_logit_gap"] = logit_gap(p, cut, out / "arms" / "adapter" / f"seed_{first}")
     rule = lambda name, data: accuracy(out, f"{name}/{first}", data, TRAIN_K)[READ_R]  # OUT/evals' readings
     res["interference"] = {"before": {"forward": A["core"].acc(TRAIN_K, READ_R)[0], "reversed": rule("core", "reversed")}}
     for a in ("rev_core", "rev_adapter", "mix_core"):
         own = A[a].acc(TRAIN_K, READ_R)[0]  # the test rows of the data it trained on
         res["interference"][a] = {"forward": rule(a, "forward"),
                                   **({"reversed": rule(a, "reversed"), "mixed": own} if a == "mix_core" else {"reversed": own})}
-    from model import RecurrentGPT
-
-    cut = RecurrentGPT.from_pretrained(str(p["cut"]))
     res["flops_per_token"] = {"parent": cut.inference_flops_per_token(1),
                               "per_loop": cut.inference_flops_per_token(2) - cut.inference_flops_per_token(1)}
     layers = json.loads((p["layers"] / "analyze.json").read_text())["layers"]["block_influence"]
