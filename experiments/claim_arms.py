@@ -1,6 +1,6 @@
 """
 The arms of experiments/claims.py: the train.py flags of each arm, the data and checkpoints they start from,
-and running them under experiments/repeat.py, one seed after another, a few arms at a time.
+and running them under experiments/repeat.py, a few arms (or seeds) at a time.
 
     python -m experiments.claims --list        # the claims and the arms each one reads
 
@@ -112,16 +112,29 @@ def prepare(p, needed, log, train_k, test_k, smoke=False):
             sh(cmd, log)
 
 
-def run_arms(out, names, table, jobs, log_dir, seeds):
-    """repeat.py for each arm, `jobs` at a time (one thread each)."""
-    def one(name):
-        train_args, rep_args = table[name]
-        rep = rep_args if "--seeds" in rep_args else ["--seeds", seeds, *rep_args]
-        sh([sys.executable, "-m", "experiments.repeat", "--out_dir", str(out / "arms" / name), *rep, "--", *train_args],
-           log_dir / f"{name}.log")
-        return name
+def run_arms(out, names, table, jobs, log_dir, seeds, by_seed=False):
+    """repeat.py for each arm, `jobs` at a time (one thread each). by_seed: each seed of each arm is a job of its own
+    (log <arm>_seed<S>.log), so that an arm's seeds run side by side and a few long arms do not leave a core idle;
+    then one pass per arm over all its seeds (every one reused) writes the arm's summary.json."""
+    def arm_seeds(name):
+        rep = table[name][1]
+        return rep[rep.index("--seeds") + 1] if "--seeds" in rep else seeds
 
-    with ThreadPoolExecutor(jobs) as pool, tqdm(total=len(names), desc="arms", unit="arm") as bar:
-        for name in pool.map(one, names):
-            bar.set_postfix_str(name)
-            bar.update()
+    def one(job):
+        name, only = job
+        train_args, rep_args = table[name]
+        if "--seeds" in rep_args:
+            i = rep_args.index("--seeds")
+            rep_args = rep_args[:i] + rep_args[i + 2:]
+        log = log_dir / (f"{name}_seed{only}.log" if only else f"{name}.log")
+        sh([sys.executable, "-m", "experiments.repeat", "--out_dir", str(out / "arms" / name),
+            "--seeds", only or arm_seeds(name), *rep_args, "--", *train_args], log)
+        return name if not only else f"{name} seed {only}"
+
+    jobs_ = [(name, s) for name in names for s in arm_seeds(name).split(",")] if by_seed else []
+    with ThreadPoolExecutor(jobs) as pool:
+        for todo, unit in [(t, u) for t, u in ((jobs_, "run"), ([(n, None) for n in names], "arm")) if t]:
+            with tqdm(total=len(todo), desc=f"{unit}s", unit=unit) as bar:
+                for done in pool.map(one, todo):
+                    bar.set_postfix_str(done)
+                    bar.update()

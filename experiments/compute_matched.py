@@ -384,14 +384,17 @@ def calibrate(args, out, p):
 
 
 def run_all(args, out, p, plan):
-    """Stage 1: retrofit phase 1 and every baseline arm's lr runs on the first seed; stage 2: retrofit phase 2 and
-    each baseline arm at its dev-chosen lr on every seed (the first reused)."""
+    """The retrofit and the verdict's baseline first, so that the verdict lands before the rest: per baseline arm in
+    BASELINES' order, its lr runs on the first seed, then every seed at the lr dev picks (the first reused); each
+    seed a job of its own, args.jobs at a time."""
     table, first = arms(out, p, plan, args.smoke, args.lrs), str(args.seed_list[0])
-    sweep = {n: (t, ["--seeds", first, *r]) for n, (t, r) in table.items() if n.startswith(BASELINES)}
-    run_arms(out, ["retrofit_phase1", *sweep], {**table, **sweep}, args.jobs, out / "logs", args.seeds)
-    chosen = [arm_name(b, choose_lr(out, b, args.seed_list[0], args.lrs)[0]) for b in BASELINES]
-    order = sorted(chosen, key=lambda n: -plan["steps"][n.split("_lr")[0]] * plan["per_step"][n.split("_")[0]]["seconds"])
-    run_arms(out, ["retrofit", *order], table, args.jobs, out / "logs", args.seeds)
+    sweep = lambda b: {n: (t, ["--seeds", first, *r]) for n, (t, r) in table.items() if n.startswith(b)}
+    chosen = lambda b: arm_name(b, choose_lr(out, b, args.seed_list[0], args.lrs)[0])
+    run = lambda names, t: run_arms(out, names, t, args.jobs, out / "logs", args.seeds, by_seed=True)
+    verdict, other = BASELINES
+    run(["retrofit_phase1", *sweep(verdict)], {**table, **sweep(verdict)})
+    run(["retrofit", chosen(verdict), *sweep(other)], {**table, **sweep(other)})
+    run([chosen(other)], table)
 
 
 def report(args, out, plan, command, t0):

@@ -214,4 +214,5 @@ def test_smoke_pipeline_writes_its_verdict_and_reuses(tmp_path):
     again = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "seed 2: reusing" in (tmp_path / "logs" / "retrofit.log").read_text()
+    assert (tmp_path / "logs" / "retrofit_seed2.log").is_file()  # each seed ran as a job of its own
     shutil.rmtree(tmp_path)  # every seed's checkpoint, the uncut parent's among them: gigabytes pytest would keep
