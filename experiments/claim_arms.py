@@ -10,6 +10,7 @@ The runs land in OUT/arms/<arm>/seed_S (repeat.py folders: a finished seed is re
 another command's is refused).
 """
 
+import json
 import os
 import shlex
 import subprocess
@@ -92,6 +93,17 @@ def sh(cmd, log=None):
         if subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT).returncode:
             sys.exit(f"claims.py: error: {shlex.join(cmd[:3])} failed: see {log or 'its output'}, fix it and rerun "
                      "(finished runs are kept)")
+
+
+def sh_once(cmd, done, stamp, log):
+    """sh(cmd) unless `done` (its result) lies beside `stamp` holding this same command, which is then reused; the
+    stamp is written first, so that a half-finished result is known as this command's."""
+    if done.is_file() and stamp.is_file() and json.loads(stamp.read_text()) == cmd[1:]:
+        return
+    for d in (done.parent, stamp.parent):
+        d.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps(cmd[1:]))
+    sh(cmd, log)
 
 
 def prepare(p, needed, log, train_k, test_k, smoke=False):

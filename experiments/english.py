@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments import stats
-from experiments.claim_arms import REPO, run_arms, sh
+from experiments.claim_arms import REPO, run_arms, sh, sh_once
 from experiments.claims import RULES, RULES_FILE, Arm, compare, line, reported, rules_commit
 from experiments.repeat import aggregate, depth_panel, markdown
 from plumbing.cli import git_commit
@@ -145,12 +145,7 @@ def zero_shot(out, p, name, seed, z, log):
     cmd = [sys.executable, "eval_math.py", "--init", str(out / "arms" / "symbols" / f"seed_{seed}"), "--task", "depth",
            "--data", str(p["english"]), "--split", "test", "--r", z["zero_shot_r"], "--limit", str(z["eval_rows"]),
            "--batch_size", "50", "--threads", "1", "--out_dir", str(ev), *(["--choices", choices] if choices else [])]
-    stamp = ev.parent / "command.json"
-    if (ev / "summary.json").is_file() and stamp.is_file() and json.loads(stamp.read_text()) == cmd[1:]:
-        return
-    ev.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(json.dumps(cmd[1:]))
-    sh(cmd, log)
+    sh_once(cmd, ev / "summary.json", ev.parent / "command.json", log)
 
 
 def zero_shot_summary(out, name, seeds):

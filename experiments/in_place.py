@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments import compute_matched, stats
-from experiments.claim_arms import run_arms, sh
+from experiments.claim_arms import run_arms, sh, sh_once
 from experiments.claims import RULES, Arm, compare, line, provenance, rules_commit
 from experiments.english import run_units
 from plumbing.cli import git_commit
@@ -148,12 +148,7 @@ def evaluate(out, name, model, what, cmd_tail, log):
     """eval_math.py on `model` into OUT/evals/<name>/<what> (reused when it holds this command's result)."""
     d = out / "evals" / name / what
     cmd = [sys.executable, "eval_math.py", "--init", str(model), *cmd_tail, "--threads", "1", "--out_dir", str(d)]
-    stamp = d / "command.json"
-    if (d / "summary.json").is_file() and stamp.is_file() and json.loads(stamp.read_text()) == cmd[1:]:
-        return
-    d.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(json.dumps(cmd[1:]))
-    sh(cmd, log)
+    sh_once(cmd, d / "summary.json", d / "command.json", log)
 
 
 def readings(out, p, seeds, smoke, kl=False):

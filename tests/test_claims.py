@@ -135,6 +135,20 @@ def test_run_arms_by_seed_runs_each_seed_then_each_arm_whole(tmp_path, monkeypat
     assert sorted(ran) == [("1,2", "a.log", ["--x"]), ("7", "b.log", ["--y"])]
 
 
+def test_sh_once_reuses_only_a_finished_result_of_the_same_command(tmp_path, monkeypatch):
+    from experiments import claim_arms
+
+    ran = []
+    monkeypatch.setattr(claim_arms, "sh", lambda cmd, log: ran.append(cmd))
+    done, stamp = tmp_path / "ev" / "summary.json", tmp_path / "command.json"
+    claim_arms.sh_once(["py", "a"], done, stamp, None)  # nothing there: runs
+    claim_arms.sh_once(["py", "a"], done, stamp, None)  # stamped but unfinished (killed): runs again
+    done.write_text("{}")
+    claim_arms.sh_once(["py", "a"], done, stamp, None)  # finished, same command: reused
+    claim_arms.sh_once(["py", "b"], done, stamp, None)  # another command: runs
+    assert ran == [["py", "a"], ["py", "a"], ["py", "b"]] and json.loads(stamp.read_text()) == ["b"]
+
+
 @pytest.mark.slow
 def test_smoke_pipeline_writes_summaries_and_reuses(tmp_path):
     cmd = [sys.executable, "-m", "experiments.claims", "--smoke", "--claim", "static", "--seeds", "1,2", "--out_dir", str(tmp_path)]
