@@ -13,9 +13,9 @@ offline SmolLM2-135M-Instruct and, when given, a depth-task model trained by tra
 4. KV memory and speed with a KV budget (slot i mod N) vs the full cache, and how many greedy
    tokens still agree with the full cache;
 5. the diffusion-forcing sampler (diffusion.py, arXiv 2510.14961) against sequential decoding and --exit kl at
-   r = 8, 16, 32, batch 1: tokens/s at 1 and 2 threads on the (4,6,4) cut, then quality where loops matter, the
-   depth task's chains (--cot_ckpt: accuracy) and text continuations (--text_ckpt: tokens equal to sequential's,
-   NLL of each output under the sequential model), and the speed-quality frontier as a PNG (--plot).
+   r = 8, 16, 32, batch 1 (bench_diffusion.py): tokens/s at 1 and 2 threads on the (4,6,4) cut, then quality where
+   loops matter, the depth task's chains (--cot_ckpt: accuracy) and text continuations (--text_ckpt: tokens equal
+   to sequential's, NLL of each output under the sequential model), and the speed-quality frontier as a PNG (--plot).
 Figures go to standard error, one table per section.
 
     python bench/bench_sample.py --sections 1,2,4                  # 1 CPU thread
@@ -42,55 +42,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_gpu's sh
 from plumbing.decode import KERNELS, decode_kernel  # noqa: E402
 from kv_cache import KVCache  # noqa: E402
 from sample import EXIT_THRESHOLDS, ZERO_SHOT, CachedForward, ExitRule, generate, matvec_layout  # noqa: E402
+from bench_diffusion import section_diffusion  # noqa: E402
+from decode_timing import decode_rate, log, side_by_side  # noqa: E402
 
 # 64 tokens in SmolLM2's chat template (the decode comparison's prompt length)
 PROMPT = ("Write a short story about a robot who learns to paint. It lives in a small town by the sea, works nights "
           "at the harbour and has never seen a museum.")
-
-
-def log(msg=""):
-    print(msg, file=sys.stderr, flush=True)
-
-
-def decode_rate(run, n_new, repeats):
-    """Decode tokens/s from two timings, (n_new - 1) / (t(n_new) - t(1)), so prefill cancels out;
-    the best of `repeats` (other jobs share these cores)."""
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run(1)
-        t1 = time.perf_counter()
-        out = run(n_new)
-        t2 = time.perf_counter()
-        best = min(best, (t2 - t1) - (t1 - t0))
-    return (n_new - 1) / best, out
-
-
-def side_by_side(runs, n_new, repeats, ref, clock=1):
-    """Decode tokens/s of each run, timed in turn within every repeat (so a load spike from other jobs hits all of
-    them; the order rotates from repeat to repeat, so none is always first after another), as
-    (n_new - 1) / (t(n_new) - t(1)) with prefill cancelled. Two clocks: wall (0), and process CPU time (1), which
-    leaves out the time other jobs take the core (not their memory traffic) but, on more than one thread, counts
-    the time idle OpenMP workers spin. Each repeat gives each run's rate on `clock` over that of `ref` in the same
-    repeat. Returns {name: (median wall rate, median CPU rate, median, min and max of the per-repeat ratios to
-    ref, tokens)}."""
-    times = {k: ([], []) for k in runs}
-    out, names = {}, list(runs)
-    for i in range(repeats):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            run = runs[name]
-            w0, c0 = time.perf_counter(), time.process_time()
-            run(1)
-            w1, c1 = time.perf_counter(), time.process_time()
-            out[name] = run(n_new)
-            w2, c2 = time.perf_counter(), time.process_time()
-            times[name][0].append((n_new - 1) / ((w2 - w1) - (w1 - w0)))
-            times[name][1].append((n_new - 1) / ((c2 - c1) - (c1 - c0)))
-    res = {}
-    for k, (w, c) in times.items():
-        ratios = [a / b for a, b in zip((w, c)[clock], times[ref][clock])]
-        res[k] = (float(np.median(w)), float(np.median(c)), float(np.median(ratios)), min(ratios), max(ratios), out[k])
-    return res
 
 
 def matvecs_only(model):
@@ -294,171 +251,6 @@ def section_budget(args, ids):
         log(f"   {str(budget or r):<8s} {stats['kv_bytes'] / 2**20:12.2f}   {core / 2**20:11.2f}   {rate:5.1f}"
             f"   first {agree}/{len(toks)}")
     log()
-
-# -----------------------------------------------------------------------------
-# 5. the diffusion-forcing sampler (diffusion.py) against sequential decoding and --exit kl
-
-
-def decoders(args):
-    """name -> generate() keywords: sequential decoding at r, --exit kl at r, and the diffusion sampler with its
-    loop budget r alone (fixed) at each of args.headways, and with latent-diff at each of args.thresholds at the
-    last headway. A pass freezes `headway` tokens on average (as many join the wave): h1, h2, ... in the names."""
-    d = {"sequential": {}, "exit kl": dict(exit_criterion="kl")}
-    diff = lambda h, **kw: dict(sampler="diffusion", loops_per_pass=args.loops_per_pass, headway=h, **kw)
-    for h in args.headways:
-        d[f"diffusion h{h}"] = diff(h)
-    for t in args.thresholds:
-        d[f"diffusion h{args.headways[-1]} ld {t:g}"] = diff(args.headways[-1], exit_criterion="latent-diff",
-                                                               exit_threshold=t)
-    return d
-
-
-def batch_one(model, prompts, n_new, r, kw):
-    """Each prompt alone (batch 1, as the sampler decodes): (completions, wall seconds, new tokens)."""
-    t0, outs = time.perf_counter(), []
-    for p in prompts:
-        outs.append(generate(model, [p], max_new_tokens=n_new if isinstance(n_new, int) else n_new(p), num_steps=r,
-                             **kw)[0].tokens)
-    return outs, time.perf_counter() - t0, sum(len(o) for o in outs)
-
-
-def speed_model(args):
-    """The (4,6,4) cut of --parent (identity adapter), laid out for CPU decoding; --parent random: random weights in
-    bench_gpu.py's --random_shape (no download), bf16 on CUDA."""
-    from surgery import retrofit
-
-    if args.parent != "random":
-        return matvec_layout(retrofit(args.parent, shape=(4, 6, 4), state_init="zero")[0])
-    from bench_gpu import make_config
-    from model import RecurrentGPT
-
-    torch.manual_seed(0)
-    config = make_config(args.random_shape, (4, 6, 4))
-    config.state_init = "zero"
-    model = RecurrentGPT(config).eval()
-    device = torch.device(args.device)
-    model = model.to(device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
-    return matvec_layout(model) if device.type == "cpu" else model
-
-
-def diffusion_speed(args, ids):
-    model = speed_model(args)
-    if args.parent == "random":
-        ids = torch.randint(0, model.config.vocab_size, (64,), generator=torch.Generator().manual_seed(0)).tolist()
-    log(f"5a. speed, {args.parent} (4,6,4) cut on {model.embed_tokens.weight.device} "
-        f"({model.embed_tokens.weight.dtype}), prompt {len(ids)} tokens, {args.n_new} new tokens, "
-        f"greedy, batch 1; the decoders in turn in each of {args.repeats} repeats; wall clock")
-    log("   threads  r    decoder                  tok/s   vs sequential (median, range)  loops/token  "
-        "tokens = sequential")
-    for threads in args.diffusion_threads:
-        torch.set_num_threads(threads)
-        for r in args.diffusion_r:
-            stats = {name: {} for name in decoders(args)}
-            runs = {name: (lambda n, kw=kw, st=stats[name]: generate(model, [ids], max_new_tokens=n, num_steps=r,
-                                                                      stats=st, **kw)[0].tokens)
-                    for name, kw in decoders(args).items()}
-            res = side_by_side(runs, args.n_new, args.repeats, ref="sequential", clock=0)
-            seq = res["sequential"][-1]
-            for name, (wall, _, ratio, lo, hi, toks) in res.items():
-                st = stats[name]
-                per = st["loops_run"] / max(st["decode_tokens"], 1)
-                agree = next((i for i, (a, b) in enumerate(zip(toks, seq)) if a != b), len(toks))
-                log(f"   {threads:<8d} {r:<4d} {name:22s} {wall:7.1f}   {ratio:6.2f}x ({lo:.2f}-{hi:.2f}x)"
-                    f"{'':14s} {per:8.1f}   first {agree}/{len(toks)}")
-    torch.set_num_threads(args.threads)
-    log("   (goal at r = 32: diffusion >= 3x sequential and ahead of exit kl; loops/token: core loops run summed "
-        "over positions per decoded token)")
-
-
-def diffusion_quality(args, results):
-    """Depth-task chains (a) and text continuations (b) at each r: accuracy, tokens equal to sequential's, and the
-    NLL of each decoder's text under the sequential model at that r. Fills results[(r, name)] for the plot."""
-    from data.common import load_meta, open_split
-    from plumbing.depth_cot import chain_rows
-    from surgery import load_model
-
-    if args.cot_ckpt:
-        model, _ = load_model(args.cot_ckpt, state_init="zero")
-        meta = load_meta(args.cot_data)
-        rows, ends, chains = (a[:args.cot_rows] for a in chain_rows(meta, open_split(args.cot_data, "dev", meta)[0]))
-        depths = range(1, meta["train_max_k"] + 1)  # depth d's prompt: the row up to its problem's end, then SEP
-        prompts = [rows[i, :ends[i, d - 1] + 1].tolist() + [meta["sep_id"]] for d in depths for i in range(len(rows))]
-        want = [int(chains[i, d - 1]) for d in depths for i in range(len(rows))]
-        log(f"5b. depth-task chains ({args.cot_ckpt}, {len(rows)} dev rows x depths 1..{depths[-1]}): greedy chain of "
-            "d tokens, correct when its last is p_d; batch 1")
-        log("   r    decoder                  accuracy   vs sequential   tok/s")
-        for r in args.diffusion_r:
-            for name, kw in decoders(args).items():
-                outs, sec, n = batch_one(model, prompts, lambda p: len(p) - 2, r, kw)
-                acc = sum(len(o) == len(p) - 2 and o[-1] == w for o, p, w in zip(outs, prompts, want)) / len(want)
-                base = acc if name == "sequential" else base
-                results.setdefault((r, name), {}).update(acc=acc, cot_tok_s=n / sec)
-                log(f"   {r:<4d} {name:22s} {acc:8.3f}   {100 * (acc - base):+8.1f} pt   {n / sec:7.1f}")
-    if args.text_ckpt:
-        model, _ = load_model(args.text_ckpt, state_init="zero")
-        matvec_layout(model)
-        val = np.asarray(open_split(args.text_data, "val")[0])
-        starts = np.linspace(0, len(val) - args.text_prompt - 1, args.text_prompts).astype(int)
-        prompts = [val[s:s + args.text_prompt].astype(np.int64).tolist() for s in starts]
-        log(f"5c. text ({args.text_ckpt}, {len(prompts)} held-out prompts of {args.text_prompt} tokens from "
-            f"{args.text_data}'s val split, {args.text_new} new tokens, greedy, batch 1): NLL per token of each output "
-            "under the sequential model at that r")
-        log("   r    decoder                  tokens = seq   rows = seq   NLL      vs seq    tok/s")
-        for r in args.diffusion_r:
-            for name, kw in decoders(args).items():
-                outs, sec, n = batch_one(model, prompts, args.text_new, r, kw)
-                if name == "sequential":
-                    seq, base = outs, None
-                nll = sequence_nll(model, prompts, outs, r)
-                base = nll if base is None else base
-                same = sum(a == b for o, s in zip(outs, seq) for a, b in zip(o, s)) / sum(len(s) for s in seq)
-                rows = sum(o == s for o, s in zip(outs, seq))
-                results.setdefault((r, name), {}).update(nll=nll, nll_ratio=nll / base, text_tok_s=n / sec)
-                log(f"   {r:<4d} {name:22s} {same:10.3f}   {rows:5d}/{len(seq):<4d} {nll:7.3f}   {nll / base:6.3f}x"
-                    f"  {n / sec:7.1f}")
-    log("   (goal: accuracy within 1 point of sequential's, NLL within 2%)")
-
-
-def sequence_nll(model, prompts, outs, r):
-    """Mean NLL per token of the outputs after their prompts under model at r loops (zero s_0)."""
-    total, count = 0.0, 0
-    with torch.inference_mode():
-        for p, o in zip(prompts, outs):
-            x = torch.tensor([p + o])
-            logits, _ = model(x, num_steps=r)
-            logp = torch.log_softmax(logits[0, len(p) - 1:-1].double(), -1)
-            total -= logp.gather(1, x[0, len(p):, None]).sum().item()
-            count += len(o)
-    return total / max(count, 1)
-
-
-def frontier_plot(args, results):
-    """accuracy and NLL ratio against tok/s at the largest r, one point per decoder: the PNG of --plot."""
-    from plumbing.plots import pyplot, save_figures
-
-    r, plt = max(args.diffusion_r), pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, (y, x, label) in zip(axes, (("acc", "cot_tok_s", "depth-task chain accuracy"),
-                                        ("nll_ratio", "text_tok_s", "NLL / sequential's NLL"))):
-        for name in decoders(args):
-            got = results.get((r, name), {})
-            if y in got:
-                ax.scatter(got[x], got[y])
-                ax.annotate(name, (got[x], got[y]), fontsize=7)
-        ax.set(xlabel="tokens/s (batch 1)", ylabel=label, title=f"r = {r}: decoders, headways, latent-diff thresholds")
-    os.makedirs(os.path.dirname(os.path.abspath(args.plot)), exist_ok=True)
-    path = save_figures([(fig, os.path.basename(args.plot))], os.path.dirname(os.path.abspath(args.plot)))[0]
-    log(f"   frontier: {path}")
-
-
-def section_diffusion(args, ids):
-    diffusion_speed(args, ids)
-    results = {}
-    diffusion_quality(args, results)
-    if results:
-        frontier_plot(args, results)
-    log()
-
 
 def smoke_setup(args, tmp):
     """--smoke: every section on tiny stand-ins in `tmp`, the same code in seconds: a random Llama in the hub's
