@@ -28,7 +28,9 @@ read along the FLOPs-matched run, which also evaluates at that step, rather than
 (the budget's cut); its lr is not decayed there yet, as a run stopped at that time would be.
 The lr of each baseline arm: Muon's lr from LR_GRID (AdamW's at the recipe's ratio), one run each on the first
 seed at the arm's own step count, the highest dev score (mean of the dev accuracy at depth 6 and beyond it) wins,
-and the other seeds run at it (the sweep's run is that arm's first seed). The retrofit keeps its recipe's lr.
+and the other seeds run at it (the sweep's run is that arm's first seed). A pick at an end of the grid gets one more
+run on the first seed, the next LADDER value past it, read on dev and reported beside the pick (the rule's pick
+stands): it says whether the baseline could have been tuned further. The retrofit keeps its recipe's lr.
 The verdict: experiments/rules.json "compute_matched", written before the runs: the retrofit at its r against
 uncut_flops on the test split, at depth 6 and pooled beyond it, paired 95% intervals (experiments/stats.py);
 the other three baselines by the same rule, beside it; the r dev picks beside the rule's.
@@ -68,7 +70,8 @@ from plumbing.plots import pyplot
 RULE = RULES["compute_matched"]
 PHASE1, PHASE2 = "config/cpu_retrofit_depth.json", "config/cpu_retrofit_depth_phase2.json"
 STEPS = {"retrofit_phase1": 200, "retrofit_phase2": 25}  # the recipe's 400 : 50, halved for the budget
-LR_GRID = (3e-3, 1e-2, 3e-2)  # Muon's lr of a baseline arm, around the recipe's 1e-2
+LADDER = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)  # Muon's lr values, half a decade apart
+LR_GRID = LADDER[1:4]  # a baseline arm's, around the recipe's 1e-2
 SHAPES = {"uncut": "1,28,1", "static6": "2,2,2"}  # the static baselines: the whole parent, the retrofit's six layers
 BASELINES = ("uncut_flops", "static6_flops")  # each model trained to the retrofit's training FLOPs
 CAL_STEPS = {"retrofit_phase1": 10, "retrofit_phase2": 5, "uncut": 5, "static6": 8}  # the first step of each is dropped
@@ -233,6 +236,14 @@ def choose_lr(out, arm, seed, lrs=LR_GRID):
     return max(lrs, key=lambda lr: (scores[lr], -lr)), scores
 
 
+def past_grid(lr, lrs):
+    """The LADDER value past the grid's end when the dev pick lr sits there, else None."""
+    if lr not in (lrs[0], lrs[-1]) or len(lrs) < 2:
+        return None
+    i = LADDER.index(lr) + (1 if lr == lrs[-1] else -1)
+    return LADDER[i] if 0 <= i < len(LADDER) else None
+
+
 def pick_r(dev_table):
     """The retrofit's r that dev picks (repeat.py's dev_table, mean over seeds), by the same score."""
     k = str(RULES["train_depth"])
@@ -387,14 +398,18 @@ def run_all(args, out, p, plan):
     """The retrofit and the verdict's baseline first, so that the verdict lands before the rest: per baseline arm in
     BASELINES' order, its lr runs on the first seed, then every seed at the lr dev picks (the first reused); each
     seed a job of its own, args.jobs at a time."""
-    table, first = arms(out, p, plan, args.smoke, args.lrs), str(args.seed_list[0])
-    sweep = lambda b: {n: (t, ["--seeds", first, *r]) for n, (t, r) in table.items() if n.startswith(b)}
-    chosen = lambda b: arm_name(b, choose_lr(out, b, args.seed_list[0], args.lrs)[0])
+    table, first = arms(out, p, plan, args.smoke, LADDER), str(args.seed_list[0])
+    one = lambda b, lrs: {arm_name(b, lr): (table[arm_name(b, lr)][0], ["--seeds", first, *table[arm_name(b, lr)][1]])
+                          for lr in lrs if lr is not None}
+    sweep = lambda b: one(b, args.lrs)
+    pick = lambda b: choose_lr(out, b, args.seed_list[0], args.lrs)[0]
+    past = lambda b: one(b, [past_grid(pick(b), args.lrs)])  # reported beside the pick
     run = lambda names, t: run_arms(out, names, t, args.jobs, out / "logs", args.seeds, by_seed=True)
     verdict, other = BASELINES
     run(["retrofit_phase1", *sweep(verdict)], {**table, **sweep(verdict)})
-    run(["retrofit", chosen(verdict), *sweep(other)], {**table, **sweep(other)})
-    run([chosen(other)], table)
+    run(["retrofit", arm_name(verdict, pick(verdict)), *past(verdict), *sweep(other)],
+        {**table, **past(verdict), **sweep(other)})
+    run([arm_name(other, pick(other)), *past(other)], {**table, **past(other)})
 
 
 def report(args, out, plan, command, t0):
@@ -403,6 +418,8 @@ def report(args, out, plan, command, t0):
         lrs = {b: choose_lr(out, b, args.seed_list[0], args.lrs) for b in BASELINES}
         A = {"retrofit_phase1": Arm(out, "retrofit_phase1"), "retrofit": Arm(out, "retrofit"),
              **{b: Arm(out, arm_name(b, lr)) for b, (lr, _) in lrs.items()}}
+        nxt = {b: past_grid(lr, args.lrs) for b, (lr, _) in lrs.items()}  # where the pick sits at the grid's end
+        past = {b: (x, choose_lr(out, b, args.seed_list[0], [x])[1][x]) for b, x in nxt.items() if x is not None}
     except FileNotFoundError as err:
         sys.exit(f"compute_matched.py: error: not every arm has finished ({err.filename} is missing): run without --report")
     short = [n for n, a in A.items() if a.seeds != args.seed_list]
@@ -411,6 +428,7 @@ def report(args, out, plan, command, t0):
                  "run without --report")
     m = measure(A, plan, {b: lr for b, (lr, _) in lrs.items()})
     m["lr_dev_scores"] = {b: {f"{lr:g}": s for lr, s in scores.items()} for b, (_, scores) in lrs.items()}
+    m["lr_past_grid"] = {b: {"lr": x, "dev_score": score} for b, (x, score) in past.items()}
     verdict, k = m["verdicts"]["uncut_flops"], RULES["train_depth"]
     c, rows = m["cost"], m["comparisons"]
     lines = [f"Rule: experiments/rules.json compute_matched at {rules_commit()}; code at {git_commit() or None}; seeds "
@@ -432,6 +450,12 @@ def report(args, out, plan, command, t0):
               line(f"at the r dev picks (r = {m['dev_r']}), beyond, vs uncut_flops", rows["dev_r@beyond"]),
               f"The retrofit's per-loop readouts add {c['retrofit']['loop_readout_flops']:.3g} FLOPs that train.py's "
               f"count leaves out ({c['retrofit']['loop_readout_flops'] / c['retrofit']['train_flops']:.0%} of it).", ""]
+    for b, (x, score) in past.items():
+        pick, scores = lrs[b]
+        lines.append(f"{b}: dev picked lr {pick:g}, an end of the grid {', '.join(f'{v:g}' for v in args.lrs)}; one "
+                     f"run at {x:g} on the first seed scores {score:.3f} on dev against the pick's {scores[pick]:.3f} "
+                     "(mean of depth 6 and beyond; the rule's pick stands).")
+    lines += [""] if past else []
     w = m["wall"]
     lines.append(f"At the retrofit's wall time of training steps ({plan['target']['seconds']:.0f} s a seed on the "
                  f"calibration's pace), read along each FLOPs-matched run (dev, lr not yet decayed there); the retrofit "

@@ -149,6 +149,12 @@ def fake_plan():
             "inference_flops_per_token": {"retrofit": {"8": 10.0, "32": 40.0}, "uncut": 20.0, "static6": 5.0}}
 
 
+def test_past_grid_is_the_next_ladder_value_at_an_end_of_the_grid():
+    assert cm.past_grid(3e-2, cm.LR_GRID) == 1e-1 and cm.past_grid(3e-3, cm.LR_GRID) == 1e-3
+    assert cm.past_grid(1e-2, cm.LR_GRID) is None and cm.past_grid(1e-1, (3e-2, 1e-1)) is None  # the ladder's top
+    assert cm.past_grid(1e-2, (1e-2, 3e-2)) == 3e-3  # --smoke's two values
+
+
 def test_dev_picks_lr_and_r_and_the_verdict_with_its_costs(tmp_path):
     dev_table = {"6": {"8": {"mean": 0.9}, "32": {"mean": 0.7}}, "beyond": {"8": {"mean": 0.5}, "32": {"mean": 0.6}}}
     fake_arm(tmp_path, "retrofit_phase1", 0.5, r=32, flops=50.0, dt=1.5)
@@ -162,6 +168,7 @@ def test_dev_picks_lr_and_r_and_the_verdict_with_its_costs(tmp_path):
             best = lr == 1e-2 if base.startswith("uncut") else lr != 1e-2
             acc = 0.95 if base == "static6_flops" else 0.2  # the six layers ahead of the retrofit
             fake_arm(tmp_path, cm.arm_name(base, lr), acc, seeds=SEEDS if best else [1337], dev=0.6 if best else 0.3)
+    fake_arm(tmp_path, cm.arm_name("static6_flops", 1e-3), 0.95, seeds=[1337], dev=0.5)  # past the grid's end
     assert cm.choose_lr(tmp_path, "uncut_flops", 1337)[0] == 1e-2
     lr, scores = cm.choose_lr(tmp_path, "static6_flops", 1337)
     assert lr == 3e-3 and scores == {3e-3: 0.6, 1e-2: 0.3, 3e-2: 0.6}  # a tie: the lower lr
@@ -176,6 +183,7 @@ def test_dev_picks_lr_and_r_and_the_verdict_with_its_costs(tmp_path):
     assert six["seeds"] == 5 and six["rows"] == 30 and six["low"] <= six["diff"] <= six["high"] and six["diff"] > 0.5
     assert m["dev_r"] == 8 and m["comparisons"]["dev_r@6"]["verdict"] == "reported"
     assert m["lr"] == {"uncut_flops": 1e-2, "static6_flops": 3e-3}
+    assert m["lr_past_grid"] == {"static6_flops": {"lr": 1e-3, "dev_score": 0.5}}  # the pick at the grid's end only
     cost = m["cost"]
     assert cost["retrofit"]["train_flops"] == 4 * 50.0 + 4 * 100.0  # both phases
     assert cost["retrofit"]["step_seconds"] == 4 * 1.5 + 4 * 1.0 and cost["retrofit"]["run_seconds"] == 12.0 + 8.0
@@ -187,6 +195,7 @@ def test_dev_picks_lr_and_r_and_the_verdict_with_its_costs(tmp_path):
     md = (tmp_path / "compute_matched.md").read_text()
     assert "**Verdict (retrofit vs uncut_flops): holds.**" in md and "| static6_flops | 0.003 |" in md
     assert "- uncut: 2 steps (the FLOPs match: 4): depth 6 0.200" in md and "- static6: 9 steps" in md
+    assert "one run at 0.001 on the first seed scores 0.500 on dev against the pick's 0.600" in md
     assert (tmp_path / "compute_matched.png").stat().st_size > 0
     curve = cm.dev_curve(cm.Arm(tmp_path, "retrofit"), 32, offset=[200.0] * 5)  # phase 2 after phase 1's FLOPs
     assert curve[:, 1].tolist() == [400.0, 600.0] and curve[0, 2] == pytest.approx(0.9)  # its step 0 left out
