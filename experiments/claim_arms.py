@@ -143,10 +143,11 @@ def run_arms(out, names, table, jobs, log_dir, seeds, by_seed=False):
             "--seeds", only or arm_seeds(name), *rep_args, "--", *train_args], log)
         return name if not only else f"{name} seed {only}"
 
-    jobs_ = [(name, s) for name in names for s in arm_seeds(name).split(",")] if by_seed else []
+    stages = [("runs", [(n, s) for n in names for s in arm_seeds(n).split(",")])] if by_seed else []
+    stages.append(("arms", [(n, None) for n in names]))
     with ThreadPoolExecutor(jobs) as pool:
-        for todo, unit in [(t, u) for t, u in ((jobs_, "run"), ([(n, None) for n in names], "arm")) if t]:
-            with tqdm(total=len(todo), desc=f"{unit}s", unit=unit) as bar:
+        for desc, todo in stages:
+            with tqdm(total=len(todo), desc=desc, unit=desc[:-1]) as bar:
                 for done in pool.map(one, todo):
                     bar.set_postfix_str(done)
                     bar.update()
