@@ -236,6 +236,14 @@ def choose_lr(out, arm, seed, lrs=LR_GRID):
     return max(lrs, key=lambda lr: (scores[lr], -lr)), scores
 
 
+def lr_pick(out, arm, args):
+    """choose_lr on the first seed, or None while the arm's lr runs have not all finished."""
+    try:
+        return choose_lr(out, arm, args.seed_list[0], args.lrs)
+    except FileNotFoundError:
+        return None
+
+
 def past_grid(lr, lrs):
     """The LADDER value past the grid's end when the dev pick lr sits there, else None."""
     if lr not in (lrs[0], lrs[-1]) or len(lrs) < 2:
@@ -258,11 +266,16 @@ def step_seconds(arm):
             np.array([train[-1]["elapsed"] for train, _ in logs]))
 
 
+def finished(A):
+    """The baseline arms of A, in BASELINES' order (a report before every arm has finished lacks some)."""
+    return [b for b in BASELINES if b in A]
+
+
 def cost(A, plan):
     """Per arm (the retrofit: both phases): training FLOPs, step and run seconds (mean over seeds), inference FLOPs
     per token at the arm's r."""
     inference, out = plan["inference_flops_per_token"], {}
-    for name in ("retrofit", *BASELINES):
+    for name in ("retrofit", *finished(A)):
         phases = [A["retrofit_phase1"], A["retrofit"]] if name == "retrofit" else [A[name]]
         flops = sum(a.flops() for a in phases)
         steps, run = (sum(x) for x in zip(*(step_seconds(a) for a in phases)))
@@ -279,7 +292,7 @@ def measure(A, plan, lrs):
     (against uncut_flops), each baseline's verdict, the dev picks, the costs and the wall-time reading."""
     r, k = RULE["r"], RULES["train_depth"]
     rows, verdicts = {}, {}
-    for base in BASELINES:
+    for base in finished(A):
         for depth in (k, "beyond"):
             rows[f"{base}@{depth}"] = compare(None, A["retrofit"].rows(depth, r), A[base].rows(depth, 1), rule=RULE)
         verdicts[base] = stats.combine(rows[f"{base}@{d}"]["verdict"] for d in (k, "beyond"))
@@ -316,7 +329,7 @@ def at_wall(A, plan, r):
     decayed lr; None when the point lies past the run."""
     end = dev_curve(A["retrofit"], r)[-1]
     out = {"retrofit": {"dev_depth": float(end[2]), "dev_beyond": float(end[3])}}
-    for arm in BASELINES:
+    for arm in finished(A):
         model = arm.split("_")[0]
         wall = plan["steps"][f"{model}_wall"]
         point = [c for c in dev_curve(A[arm], 1) if c[0] == wall]
@@ -331,7 +344,7 @@ def plot(A, measured, path):
     r, k = measured["r"], RULES["train_depth"]
     curves = {"retrofit": np.concatenate([dev_curve(A["retrofit_phase1"], r),
                                           dev_curve(A["retrofit"], r, A["retrofit_phase1"].flops())])}
-    curves.update({b: dev_curve(A[b], 1) for b in BASELINES})
+    curves.update({b: dev_curve(A[b], 1) for b in finished(A)})
     style = {"retrofit": "C0", "uncut_flops": "C1", "static6_flops": "C2"}
     wall = measured["wall"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -413,19 +426,25 @@ def run_all(args, out, p, plan):
 
 
 def report(args, out, plan, command, t0):
-    """summary.json, compute_matched.md and the PNG, from the finished arms."""
-    try:
-        lrs = {b: choose_lr(out, b, args.seed_list[0], args.lrs) for b in BASELINES}
-        A = {"retrofit_phase1": Arm(out, "retrofit_phase1"), "retrofit": Arm(out, "retrofit"),
-             **{b: Arm(out, arm_name(b, lr)) for b, (lr, _) in lrs.items()}}
-        nxt = {b: past_grid(lr, args.lrs) for b, (lr, _) in lrs.items()}  # where the pick sits at the grid's end
-        past = {b: (x, choose_lr(out, b, args.seed_list[0], [x])[1][x]) for b, x in nxt.items() if x is not None}
-    except FileNotFoundError as err:
-        sys.exit(f"compute_matched.py: error: not every arm has finished ({err.filename} is missing): run without --report")
-    short = [n for n, a in A.items() if a.seeds != args.seed_list]
-    if short:
-        sys.exit(f"compute_matched.py: error: arms {short} have not run every seed of {args.seed_list}: "
-                 "run without --report")
+    """summary.json, compute_matched.md and the PNG, from the finished arms: the retrofit and the verdict's baseline
+    at least; a baseline still running is left out and named."""
+    whole = lambda name: (out / "arms" / name / "summary.json").is_file() and Arm(out, name).seeds == args.seed_list
+    A, lrs, past, waiting = {}, {}, {}, []
+    for b in BASELINES:
+        pick = lr_pick(out, b, args)
+        x = pick and past_grid(pick[0], args.lrs)  # a run past the grid's end, where the pick sits there
+        past_done = x is None or (out / "arms" / arm_name(b, x) / f"seed_{args.seed_list[0]}" / "eval_dev" /
+                                  "summary.json").is_file()
+        if not (pick and whole(arm_name(b, pick[0])) and past_done):
+            waiting.append(b)
+            continue
+        A[b], lrs[b] = Arm(out, arm_name(b, pick[0])), pick
+        if x is not None:
+            past[b] = (x, choose_lr(out, b, args.seed_list[0], [x])[1][x])
+    if not whole("retrofit_phase1") or not whole("retrofit") or BASELINES[0] in waiting:
+        sys.exit(f"compute_matched.py: error: the verdict needs the retrofit's two phases and {BASELINES[0]} (its lr "
+                 f"runs, then every seed at the pick) finished on seeds {args.seeds}: run without --report")
+    A.update({n: Arm(out, n) for n in ("retrofit_phase1", "retrofit")})
     m = measure(A, plan, {b: lr for b, (lr, _) in lrs.items()})
     m["lr_dev_scores"] = {b: {f"{lr:g}": s for lr, s in scores.items()} for b, (_, scores) in lrs.items()}
     m["lr_past_grid"] = {b: {"lr": x, "dev_score": score} for b, (x, score) in past.items()}
@@ -437,7 +456,7 @@ def report(args, out, plan, command, t0):
              f"**Verdict (retrofit vs uncut_flops): {verdict}.**", "",
              f"| arm | lr (dev) | steps | train FLOPs | step seconds | inference FLOPs/token | test depth {k} | test beyond "
              f"| retrofit - arm, depth {k} | retrofit - arm, beyond | verdict |", "|---" * 11 + "|"]
-    for name in ("retrofit", *BASELINES):
+    for name in ("retrofit", *finished(A)):
         r = m["r"] if name == "retrofit" else 1
         steps = (f"{plan['steps']['retrofit_phase1']} + {plan['steps']['retrofit_phase2']}" if name == "retrofit"
                  else str(plan["steps"][name]))
@@ -460,14 +479,17 @@ def report(args, out, plan, command, t0):
     lines.append(f"At the retrofit's wall time of training steps ({plan['target']['seconds']:.0f} s a seed on the "
                  f"calibration's pace), read along each FLOPs-matched run (dev, lr not yet decayed there); the retrofit "
                  f"at its end: depth {k} {w['retrofit']['dev_depth']:.3f}, beyond {w['retrofit']['dev_beyond']:.3f}.")
-    for model in SHAPES:
+    for model in (b.split("_")[0] for b in finished(A)):
         x = w[model]
         seen = ("past the run: not read" if x["dev_depth"] is None else
                 f"depth {k} {x['dev_depth']:.3f}, beyond {x['dev_beyond']:.3f}")
         lines.append(f"- {model}: {x['wall_steps']} steps (the FLOPs match: {x['flops_steps']}): {seen}")
+    if waiting:
+        lines += ["", f"Not finished yet, left out: {', '.join(waiting)} (`make compute_matched` continues them)."]
     md = "\n".join(lines)
     (out / "compute_matched.md").write_text(md + "\n")
     summary = {"question": RULE["question"], "rule": RULE, "verdict": verdict, "measured": m, "plan": plan,
+               "unfinished": waiting,
                **provenance(A, args.seed_list, command, t0)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot(A, m, out / "compute_matched.png")

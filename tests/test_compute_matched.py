@@ -201,6 +201,27 @@ def test_dev_picks_lr_and_r_and_the_verdict_with_its_costs(tmp_path):
     assert curve[:, 1].tolist() == [400.0, 600.0] and curve[0, 2] == pytest.approx(0.9)  # its step 0 left out
 
 
+def test_report_before_every_arm_has_finished(tmp_path):
+    args = SimpleNamespace(seed_list=SEEDS, seeds=",".join(map(str, SEEDS)), lrs=cm.LR_GRID)
+    dev_table = {"6": {"32": {"mean": 0.7}}, "beyond": {"32": {"mean": 0.6}}}
+    fake_arm(tmp_path, "retrofit_phase1", 0.5, r=32, flops=50.0, dt=1.5)
+    fake_arm(tmp_path, "retrofit", 0.9, r=32, dev_table=dev_table)
+    for lr in cm.LR_GRID:  # the uncut parent's sweep; its pick 1e-2 has run two seeds of five so far
+        fake_arm(tmp_path, cm.arm_name("uncut_flops", lr), 0.2, seeds=SEEDS[:2] if lr == 1e-2 else [1337],
+                 dev=0.6 if lr == 1e-2 else 0.3)
+    with pytest.raises(SystemExit, match="the verdict needs the retrofit's two phases and uncut_flops"):
+        cm.report(args, tmp_path, fake_plan(), "test", 0.0)
+    shutil.rmtree(tmp_path / "arms" / "uncut_flops_lr0.01")
+    fake_arm(tmp_path, cm.arm_name("uncut_flops", 1e-2), 0.2, seeds=SEEDS, dev=0.6)  # every seed now
+    fake_arm(tmp_path, cm.arm_name("static6_flops", 3e-3), 0.9, seeds=[1337], dev=0.6)  # its sweep under way
+    cm.report(args, tmp_path, fake_plan(), "test", 0.0)
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["verdict"] == "holds" and s["unfinished"] == ["static6_flops"]
+    assert list(s["measured"]["verdicts"]) == ["uncut_flops"] and "static6" not in s["measured"]["wall"]
+    md = (tmp_path / "compute_matched.md").read_text()
+    assert "| static6_flops |" not in md and "Not finished yet, left out: static6_flops" in md
+
+
 # -----------------------------------------------------------------------------
 # the pipeline
 
