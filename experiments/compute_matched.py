@@ -364,8 +364,8 @@ def plot(A, measured, path):
         ax.axhline(1 / 6, color="grey", lw=0.8, ls=":")  # chance: 6 answers
         ax.set(xlabel="training FLOPs (train.py's count)", ylabel="accuracy", ylim=(0, 1.02), title=title)
     axes[0].legend(fontsize=7)
-    fig.suptitle("lines: dev accuracy at train.py's evaluations (mean over seeds); x: the retrofit's wall time; "
-                 "stars: test, mean ± std over seeds, at each run's end; dotted: the retrofit's FLOPs, chance",
+    fig.suptitle("lines: dev accuracy at train.py's evaluations (mean over seeds); x: where the retrofit's wall time "
+                 "ends\nstars: test, mean ± std over seeds, at each run's end; dotted: the retrofit's FLOPs, chance (1/6)",
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
