@@ -33,7 +33,7 @@ run on the first seed, the next LADDER value past it, read on dev and reported b
 stands): it says whether the baseline could have been tuned further. The retrofit keeps its recipe's lr.
 The verdict: experiments/rules.json "compute_matched", written before the runs: the retrofit at its r against
 uncut_flops on the test split, at depth 6 and pooled beyond it, paired 95% intervals (experiments/stats.py);
-the other three baselines by the same rule, beside it; the r dev picks beside the rule's.
+the other baseline by the same rule, beside it; the r dev picks beside the rule's.
 The figure: accuracy against training FLOPs, one line per arm, from train.py's own evaluations along each run
 (dev rows, the only split a run may look at while it trains), the test split's mean ± std at each run's end.
 
