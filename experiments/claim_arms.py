@@ -126,8 +126,8 @@ def prepare(p, needed, log, train_k, test_k, smoke=False):
 
 def run_arms(out, names, table, jobs, log_dir, seeds, by_seed=False):
     """repeat.py for each arm, `jobs` at a time (one thread each). by_seed: each seed of each arm is a job of its own
-    (log <arm>_seed<S>.log), so that an arm's seeds run side by side and a few long arms do not leave a core idle;
-    then one pass per arm over all its seeds (every one reused) writes the arm's summary.json."""
+    (log <arm>_seed<S>.log, repeat.py --no_summary), so that an arm's seeds run side by side and a few long arms do
+    not leave a core idle; then one pass per arm over all its seeds (every one reused) writes the arm's summary.json."""
     def arm_seeds(name):
         rep = table[name][1]
         return rep[rep.index("--seeds") + 1] if "--seeds" in rep else seeds
@@ -139,8 +139,8 @@ def run_arms(out, names, table, jobs, log_dir, seeds, by_seed=False):
             i = rep_args.index("--seeds")
             rep_args = rep_args[:i] + rep_args[i + 2:]
         log = log_dir / (f"{name}_seed{only}.log" if only else f"{name}.log")
-        sh([sys.executable, "-m", "experiments.repeat", "--out_dir", str(out / "arms" / name),
-            "--seeds", only or arm_seeds(name), *rep_args, "--", *train_args], log)
+        sh([sys.executable, "-m", "experiments.repeat", "--out_dir", str(out / "arms" / name), "--seeds",
+            only or arm_seeds(name), *(["--no_summary"] if only else []), *rep_args, "--", *train_args], log)
         return name if not only else f"{name} seed {only}"
 
     stages = [("runs", [(n, s) for n in names for s in arm_seeds(n).split(",")])] if by_seed else []

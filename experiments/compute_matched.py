@@ -372,6 +372,35 @@ def plot(A, measured, path):
     plt.close(fig)
 
 
+def plot_test(A, measured, plan, path):
+    """The verdict's picture, test split only: accuracy against inference FLOPs a token, every arm at the retrofit's
+    training FLOPs; the retrofit at each evaluated r, each baseline at its one r (mean ± std over seeds)."""
+    plt = pyplot()
+    k, inf = RULES["train_depth"], plan["inference_flops_per_token"]
+    rs = [r for r in A["retrofit"].table[str(k)] if r in inf["retrofit"]]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, depth, title in zip(axes, (k, "beyond"), (f"depth {k}", f"depths {k + 1}-{RULES['test_depth']}")):
+        acc = [A["retrofit"].acc(depth, r) for r in rs]
+        x = [inf["retrofit"][r] for r in rs]
+        ax.errorbar(x, [a.mean() for a in acc], yerr=[a.std(ddof=1) for a in acc], marker="o", capsize=3,
+                    label="retrofit, r = " + ", ".join(rs))
+        for r, xi, a in zip(rs, x, acc):
+            ax.annotate(f"r={r}", (xi, a.mean()), textcoords="offset points", xytext=(4, -12), fontsize=7)
+        for b in finished(A):
+            a = A[b].acc(depth, 1)
+            ax.errorbar([inf[b.split("_")[0]]], [a.mean()], yerr=[a.std(ddof=1)], marker="s", capsize=3, label=b)
+        d = measured["comparisons"][f"uncut_flops@{depth}"]
+        ax.axhline(1 / 6, color="grey", lw=0.8, ls=":")  # chance: 6 answers
+        ax.set(xscale="log", xlabel="inference FLOPs a token", ylabel="test accuracy", ylim=(0, 1.02),
+               title=f"{title}: r = {measured['r']} - uncut {d['diff']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"test split, mean ± std over {len(A['retrofit'].seeds)} seeds; every arm trained to "
+                 f"{plan['target']['flops']:.3g} FLOPs; titles: the paired difference, 95% interval", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 # -----------------------------------------------------------------------------
 # running
 
@@ -428,26 +457,35 @@ def run_all(args, out, p, plan):
 def report(args, out, plan, command, t0):
     """summary.json, compute_matched.md and the PNG, from the finished arms: the retrofit and the verdict's baseline
     at least; a baseline still running is left out and named."""
-    whole = lambda name: (out / "arms" / name / "summary.json").is_file() and Arm(out, name).seeds == args.seed_list
-    A, lrs, past, waiting = {}, {}, {}, []
+    def whole(name):  # the arm, finished on every seed, or None
+        arm = Arm(out, name) if (out / "arms" / name / "summary.json").is_file() else None
+        return arm if arm and arm.seeds == args.seed_list else None
+
+    A = {n: whole(n) for n in ("retrofit_phase1", "retrofit")}
+    lrs, past, waiting, sweeps = {}, {}, [], []
     for b in BASELINES:
         pick = lr_pick(out, b, args)
         x = pick and past_grid(pick[0], args.lrs)  # a run past the grid's end, where the pick sits there
-        past_done = x is None or (out / "arms" / arm_name(b, x) / f"seed_{args.seed_list[0]}" / "eval_dev" /
-                                  "summary.json").is_file()
-        if not (pick and whole(arm_name(b, pick[0])) and past_done):
+        try:
+            beyond = x and (x, choose_lr(out, b, args.seed_list[0], [x])[1][x])
+        except FileNotFoundError:  # not run yet
+            beyond = False
+        arm = pick and whole(arm_name(b, pick[0]))
+        if not arm or beyond is False:
             waiting.append(b)
             continue
-        A[b], lrs[b] = Arm(out, arm_name(b, pick[0])), pick
-        if x is not None:
-            past[b] = (x, choose_lr(out, b, args.seed_list[0], [x])[1][x])
-    if not whole("retrofit_phase1") or not whole("retrofit") or BASELINES[0] in waiting:
+        A[b], lrs[b] = arm, pick
+        past.update({b: beyond} if beyond else {})
+        sweeps += [arm_name(b, lr) for lr in args.lrs if lr != pick[0]] + ([arm_name(b, x)] if x else [])
+    if not (A["retrofit_phase1"] and A["retrofit"]) or BASELINES[0] in waiting:
         sys.exit(f"compute_matched.py: error: the verdict needs the retrofit's two phases and {BASELINES[0]} (its lr "
                  f"runs, then every seed at the pick) finished on seeds {args.seeds}: run without --report")
-    A.update({n: Arm(out, n) for n in ("retrofit_phase1", "retrofit")})
     m = measure(A, plan, {b: lr for b, (lr, _) in lrs.items()})
     m["lr_dev_scores"] = {b: {f"{lr:g}": s for lr, s in scores.items()} for b, (_, scores) in lrs.items()}
     m["lr_past_grid"] = {b: {"lr": x, "dev_score": score} for b, (x, score) in past.items()}
+    # every run the report reads, the lr runs of one seed included: train.py's dt summed (evaluations left out)
+    m["train_step_seconds_all_runs"] = float(sum(step_seconds(a)[0].sum()
+                                                 for a in [*A.values(), *(Arm(out, n) for n in sweeps)]))
     verdict, k = m["verdicts"]["uncut_flops"], RULES["train_depth"]
     c, rows = m["cost"], m["comparisons"]
     lines = [f"Rule: experiments/rules.json compute_matched at {rules_commit()}; code at {git_commit() or None}; seeds "
@@ -476,6 +514,8 @@ def report(args, out, plan, command, t0):
                      "(mean of depth 6 and beyond; the rule's pick stands).")
     lines += [""] if past else []
     w = m["wall"]
+    lines.append(f"Training steps of every run read here (the lr runs included): "
+                 f"{m['train_step_seconds_all_runs'] / 3600:.2f} CPU-hours (train.py's dt summed; evaluations extra).")
     lines.append(f"At the retrofit's wall time of training steps ({plan['target']['seconds']:.0f} s a seed on the "
                  f"calibration's pace), read along each FLOPs-matched run (dev, lr not yet decayed there); the retrofit "
                  f"at its end: depth {k} {w['retrofit']['dev_depth']:.3f}, beyond {w['retrofit']['dev_beyond']:.3f}.")
@@ -493,7 +533,9 @@ def report(args, out, plan, command, t0):
                **provenance(A, args.seed_list, command, t0)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot(A, m, out / "compute_matched.png")
-    print(f"\n{md}\n\nwrote {out / 'summary.json'}, {out / 'compute_matched.md'}, {out / 'compute_matched.png'}")
+    plot_test(A, m, plan, out / "compute_matched_test.png")
+    print(f"\n{md}\n\nwrote {out / 'summary.json'}, {out / 'compute_matched.md'}, {out / 'compute_matched.png'}, "
+          f"{out / 'compute_matched_test.png'}")
 
 
 def main():

@@ -220,6 +220,9 @@ def main():
     ap.add_argument("--eval_batch_size", type=int, default=100, help="rows per forward")
     ap.add_argument("--splits", default="test,dev", help="the splits each seed is evaluated on: test,dev, or test "
                     "where nothing is chosen on these runs (experiments/claims.py)")
+    ap.add_argument("--no_summary", action="store_true",
+                    help="train and evaluate the seeds only, leaving OUT/summary.json as it is (a scheduler running "
+                         "an arm's seeds side by side writes it once, over all of them)")
     ap.add_argument("--eval", default="depth", choices=["depth", "none"],
                     help="depth: eval_math.py --task depth per seed, on test and dev; none (text data): the last "
                          "validation losses")
@@ -241,6 +244,8 @@ def main():
     t0 = time.time()
     summaries = [seed_result(s, out_dir, train_args, args.r, eval_args if args.eval == "depth" else None, splits)
                  for s in args.seeds]
+    if args.no_summary:
+        return
     table, train_max_k = aggregate([s["test"] for s in summaries]), summaries[0]["test"].get("train_max_k")
     dev_table = aggregate([s["dev"] for s in summaries]) if args.eval == "depth" and "dev" in splits else None
     if args.eval == "none":

@@ -123,13 +123,15 @@ def test_static_checkpoint_of_ours_is_a_parent(tmp_path):
 def test_run_arms_by_seed_runs_each_seed_then_each_arm_whole(tmp_path, monkeypatch):
     from experiments import claim_arms
 
-    ran = []
-    monkeypatch.setattr(claim_arms, "sh", lambda cmd, log: ran.append((cmd[cmd.index("--seeds") + 1], log.name,
-                                                                       cmd[cmd.index("--") + 1:])))
+    ran, partial = [], []  # partial: the per-seed jobs leave the arm's summary.json to the pass over all its seeds
+    monkeypatch.setattr(claim_arms, "sh", lambda cmd, log: (
+        ran.append((cmd[cmd.index("--seeds") + 1], log.name, cmd[cmd.index("--") + 1:])),
+        partial.append("--no_summary" in cmd)))
     table = {"a": (["--x"], ["--r", "1"]), "b": (["--y"], ["--seeds", "7", "--r", "1"])}
     claim_arms.run_arms(tmp_path, ["a", "b"], table, 1, tmp_path, "1,2", by_seed=True)
     assert ran == [("1", "a_seed1.log", ["--x"]), ("2", "a_seed2.log", ["--x"]), ("7", "b_seed7.log", ["--y"]),
                    ("1,2", "a.log", ["--x"]), ("7", "b.log", ["--y"])]  # an arm's own --seeds win, once each
+    assert partial == [True, True, True, False, False]
     ran.clear()
     claim_arms.run_arms(tmp_path, ["a", "b"], table, 2, tmp_path, "1,2")
     assert sorted(ran) == [("1,2", "a.log", ["--x"]), ("7", "b.log", ["--y"])]

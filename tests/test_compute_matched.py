@@ -184,6 +184,10 @@ def test_dev_picks_lr_and_r_and_the_verdict_with_its_costs(tmp_path):
     assert m["dev_r"] == 8 and m["comparisons"]["dev_r@6"]["verdict"] == "reported"
     assert m["lr"] == {"uncut_flops": 1e-2, "static6_flops": 3e-3}
     assert m["lr_past_grid"] == {"static6_flops": {"lr": 1e-3, "dev_score": 0.5}}  # the pick at the grid's end only
+    # dt summed over every run read: the retrofit's 5 x 4 steps of each phase (1.5 s, 1 s), each chosen arm's 5 x 4,
+    # the lr runs (uncut: two of 1 seed; static6: 1e-2 of 1 seed, the tied 3e-2 of 5) and the run past the grid
+    assert m["train_step_seconds_all_runs"] == 30 + 20 + 20 + 8 + 20 + 4 + 20 + 4
+    assert (tmp_path / "compute_matched_test.png").stat().st_size > 0
     cost = m["cost"]
     assert cost["retrofit"]["train_flops"] == 4 * 50.0 + 4 * 100.0  # both phases
     assert cost["retrofit"]["step_seconds"] == 4 * 1.5 + 4 * 1.0 and cost["retrofit"]["run_seconds"] == 12.0 + 8.0
@@ -218,6 +222,7 @@ def test_report_before_every_arm_has_finished(tmp_path):
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["verdict"] == "holds" and s["unfinished"] == ["static6_flops"]
     assert list(s["measured"]["verdicts"]) == ["uncut_flops"] and "static6" not in s["measured"]["wall"]
+    assert s["measured"]["train_step_seconds_all_runs"] == 30 + 20 + 20 + 4 + 4  # the unfinished arm's runs left out
     md = (tmp_path / "compute_matched.md").read_text()
     assert "| static6_flops |" not in md and "Not finished yet, left out: static6_flops" in md
 
