@@ -102,6 +102,16 @@ def seed_result(seed, out_dir, train_args, eval_r, eval_args, splits=tuple(EVAL_
     return {split: json.loads((run_dir / EVAL_DIRS[split] / "summary.json").read_text()) for split in eval_cmds or ["test"]}
 
 
+def covered(summary_path, argv, seeds):
+    """True when summary_path holds a summary of this same command over a superset of `seeds`: a run over fewer
+    seeds (an lr sweep's first seed, one seed resumed) must not shrink it."""
+    if not summary_path.is_file():
+        return False
+    old = json.loads(summary_path.read_text())
+    strip = lambda a: [x for i, x in enumerate(a) if x != "--seeds" and (i == 0 or a[i - 1] != "--seeds")]
+    return set(seeds) <= set(old.get("seeds", [])) and strip(shlex.split(old["command"])[3:]) == strip(argv)
+
+
 def stats(values):
     """mean, sample std (ddof 1), min, max and the values themselves (in seed order)."""
     return dict(mean=float(np.mean(values)), std=float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
@@ -245,6 +255,9 @@ def main():
     summaries = [seed_result(s, out_dir, train_args, args.r, eval_args if args.eval == "depth" else None, splits)
                  for s in args.seeds]
     if args.no_summary:
+        return
+    if covered(out_dir / "summary.json", argv, args.seeds):
+        print(f"{out_dir / 'summary.json'} kept: a summary of this command over more seeds than {args.seeds}")
         return
     table, train_max_k = aggregate([s["test"] for s in summaries]), summaries[0]["test"].get("train_max_k")
     dev_table = aggregate([s["dev"] for s in summaries]) if args.eval == "depth" and "dev" in splits else None

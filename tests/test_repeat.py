@@ -104,3 +104,14 @@ def test_each_seed_is_evaluated_on_the_data_it_trained_on(tmp_path):
     assert trained_on(["--max_iters", "3"]) == "data/sotu"  # train.py's own default
     with pytest.raises(SystemExit, match="repeat.py: error: the train.py arguments after --"):
         trained_on(["--batch_size", "0"])
+
+
+def test_a_summary_over_more_seeds_of_the_same_command_is_kept(tmp_path):
+    from experiments.repeat import covered
+
+    path, argv = tmp_path / "summary.json", ["--out_dir", "o", "--seeds", "1337,2,3", "--r", "1", "--", "--x"]
+    assert not covered(path, argv, [1337])  # nothing there yet
+    path.write_text(json.dumps({"command": "python -m experiments.repeat " + " ".join(argv), "seeds": [1337, 2, 3]}))
+    assert covered(path, ["--out_dir", "o", "--seeds", "1337", "--r", "1", "--", "--x"], [1337])  # a sweep's seed
+    assert not covered(path, ["--out_dir", "o", "--seeds", "4", "--r", "1", "--", "--x"], [4])  # a new seed
+    assert not covered(path, ["--out_dir", "o", "--seeds", "1337", "--r", "8", "--", "--x"], [1337])  # another command
