@@ -196,6 +196,28 @@ def load_model(init, device="cpu", shape=None, layers=None, static=False, untie=
     return model.to(device), src
 
 
+def cut_not_applied(model, init, shape=None, layers=None, static=False):
+    """A line saying which of a cut's flags (--shape, --layers, --static) load_model did not apply because `init`
+    was cut already (one of ours or a raven checkpoint), or None when the model has the cut they ask for. A
+    config file's shape, meant for a run from scratch, would otherwise pass unseen."""
+    c = model.config
+    have = (c.n_prelude, c.n_core, c.n_coda)
+    asked = []
+    if layers:
+        n_layers = (c.parent or {}).get("n_layers")
+        if not n_layers or c.layers != parse_layers(layers, n_layers):
+            asked.append(f"--layers {layers}")
+    elif shape and tuple(shape) != have:
+        asked.append(f"--shape {','.join(map(str, shape))}")
+    if static and c.recurrent:
+        asked.append("--static")
+    if not asked:
+        return None
+    kind = "recurrent" if c.recurrent else "static"
+    return (f"{init} is cut already ({kind}, shape {','.join(map(str, have))}) and trains as it is: {' and '.join(asked)} "
+            f"not applied (a new cut: python surgery.py --init PARENT --shape P,R,C --out DIR, then --init DIR)")
+
+
 # -----------------------------------------------------------------------------
 
 

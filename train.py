@@ -527,6 +527,9 @@ def build_model(args, meta, ckpt_dir=None):
                                             static=args.static, untie=args.untie, adapter_init=args.adapter_init,
                                             mean_recurrence=args.mean_recurrence, **over)
             tok_src = run_dir.check_vocabulary(meta, args.data, args.out_dir if ckpt_dir else src, src)
+            unapplied = None if ckpt_dir else surgery.cut_not_applied(model, args.init, shape, args.layers, args.static)
+            if unapplied:  # a config file's --shape for runs from scratch, or a cut asked of a checkpoint
+                print(f"note: {unapplied}")
         except (surgery.SurgeryError, hub.CheckpointError, FileNotFoundError, ValueError) as err:
             raise TrainError(str(err)) from None
     if meta["vocab_size"] > model.config.vocab_size:

@@ -157,6 +157,27 @@ def test_load_model_decides_what_init_is(tmp_path):
     assert "\n" not in str(err.value)
 
 
+def test_a_cut_asked_of_a_checkpoint_is_named(tmp_path):
+    """load_model reads a checkpoint as it is: a --shape, --layers or --static that it did not apply is named in one
+    line (train.py prints it), and a cut it did apply, or one equal to the checkpoint's, says nothing."""
+    from surgery import cut_not_applied
+
+    make_parent("smollm2", tmp_path / "parent")
+    parent, ours = str(tmp_path / "parent"), str(tmp_path / "ours")
+    cut, _ = retrofit(parent, shape=(1, 2, 1))
+    cut.save_pretrained(ours)
+    for init, kw in ((parent, dict(shape=(2, 2, 2))), (parent, dict(layers="0-0,2-3,5-5", static=True)),
+                     (ours, dict(shape=(1, 2, 1))), (ours, dict(layers="0-0,3-4,5-5"))):
+        model, _ = load_model(init, **kw)
+        assert cut_not_applied(model, init, **kw) is None, (init, kw)
+    model, _ = load_model(ours, shape=(2, 2, 2), static=True)
+    line = cut_not_applied(model, ours, shape=(2, 2, 2), static=True)
+    assert line.startswith(f"{ours} is cut already (recurrent, shape 1,2,1)") and "\n" not in line
+    assert "--shape 2,2,2 and --static not applied" in line
+    line = cut_not_applied(*load_model(ours)[:1], ours, layers="0-0,1-2,5-5")
+    assert "--layers 0-0,1-2,5-5 not applied" in line
+
+
 def test_published_layer_maps():
     # the published retrofits (McLeish et al. 2025): TinyLlama (22) 4,8,4; Llama-3.2 (16) 4,6,4 and 2,4,2; OLMo-2 (16) 4,6,4
     assert select_layers(22, (4, 8, 4)) == {"prelude": [0, 1, 2, 3], "core": list(range(10, 18)), "coda": [18, 19, 20, 21]}

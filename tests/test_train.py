@@ -451,8 +451,10 @@ def test_freeze_outer_trains_the_core_and_the_adapter(depth_dir, tmp_path):
     torch.manual_seed(0)
     RecurrentGPT(RecurrentConfig(vocab_size=14, n_embd=32, n_head=2, n_kv_head=2, head_dim=16, n_core=1)).save_pretrained(ckpt)
     out = tmp_path / "core"
-    run_train([*TINY, "--init", str(ckpt), "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=2",
-               "--eval_interval=2", "--freeze=outer"])
+    p = run_train([*TINY, "--init", str(ckpt), "--data", str(depth_dir), "--out_dir", str(out), "--max_iters=2",
+                   "--eval_interval=2", "--freeze=outer", "--shape", "1,2,1"])
+    # a checkpoint trains with its own cut, and a --shape it did not apply is said (surgery.cut_not_applied)
+    assert f"note: {ckpt} is cut already (recurrent, shape 1,1,1) and trains as it is: --shape 1,2,1 not applied" in p.stdout
     before = RecurrentGPT.from_pretrained(ckpt).state_dict()
     after = RecurrentGPT.from_pretrained(out).state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
