@@ -38,13 +38,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from plumbing import checkpoint, guards, preempt, run_dir
-from plumbing.batches import accumulation, batch_rows, get_batch, labeled_length, open_splits, state_seeds
+from plumbing.batches import accumulation, batch_rows, estimate_loss, get_batch, labeled_length, open_splits, state_seeds
 from plumbing.cli import config_defaults, flag_parser, int_list
 from plumbing.device import compile_blocks, precision_context, setup, train_precision
 from plumbing.kl_parent import ParentKL
 from plumbing.run_flags import SYSTEM_FLAGS, SYSTEM_MAY_CHANGE, check_flags
 from plumbing.upload import push_to_hub
-from model import IGNORE_INDEX, RecurrentConfig, RecurrentGPT
+from model import RecurrentConfig, RecurrentGPT
 from exit_gate import add_exit_gate, gate_loss
 from muon import make_optimizers
 
@@ -161,7 +161,7 @@ def parse_args(argv=None):
 
 
 # -----------------------------------------------------------------------------
-# small named functions: recurrence sampling, curriculum, lr schedule, per-loop weight, evaluation
+# small named functions: recurrence sampling, curriculum, lr schedule, per-loop weight
 
 
 def sample_num_steps(step, mean_r, sigma=0.5, seed=0):
@@ -219,44 +219,6 @@ def depth_weight_at(step, args):
         return 0.0
     fade_start = args.max_iters * (1 - args.step_supervision_anneal)
     return 1.0 if step < fade_start else max(0.0, 1 - (step - fade_start) / (args.max_iters - fade_start))
-
-
-@torch.no_grad()
-def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, autocast, gate=False):
-    """Validation loss (and, for labeled data, accuracy overall and per task depth) at each r, on
-    the same fixed batches every time; the global RNG is forked so evaluating never changes training.
-    gate (--exit_gate): the exit gate's loss on the trajectory of r loops instead (exit_gate.py)."""
-    model.eval()
-    out = {}
-    bar = tqdm(total=len(r_values) * eval_iters, desc="eval", unit="batch", leave=False, disable=None,
-               dynamic_ncols=True)  # None: off without a TTY
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        for r in r_values:
-            bar.set_description(f"eval r={r}")
-            torch.manual_seed(seed)  # the s_0 draws of the evaluation
-            losses, correct, total = [], {}, {}
-            for it in range(eval_iters):
-                x, y, depths = get_batch(data, batch_rows(it, batch_size, data["n"], seed, "val"), device)
-                with autocast:
-                    logits, loss = (None, gate_loss(model, x, y, r)) if gate else model(x, y, num_steps=r)
-                losses.append(loss.item())
-                if data["targets"] is not None and logits is not None:  # labels: accuracy, by depth when known
-                    hit = (logits.argmax(-1) == y) & (y != IGNORE_INDEX)
-                    group = depths if depths is not None else (y != IGNORE_INDEX).long()
-                    for depth in group[y != IGNORE_INDEX].unique().tolist():
-                        sel = (group == depth) & (y != IGNORE_INDEX)
-                        correct[depth] = correct.get(depth, 0) + hit[sel].sum().item()
-                        total[depth] = total.get(depth, 0) + sel.sum().item()
-                bar.update(1)
-            res = {"loss": sum(losses) / len(losses)}
-            if total:
-                res["acc"] = sum(correct.values()) / sum(total.values())
-                if depths is not None:
-                    res["acc_by_k"] = {str(d): correct[d] / total[d] for d in sorted(total)}  # key: by task depth
-            out[str(r)] = res
-    bar.close()
-    model.train()
-    return out
 
 
 # -----------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """
 The batches of a training run, as functions of the optimizer step: which rows (or text windows) a step
-reads, the seeds of their s_0 draws, and how many columns of row data carry a label. Each is drawn from a
+reads, the seeds of their s_0 draws, how many columns of row data carry a label, and the dev loss on
+fixed batches that train.py's evaluations report (estimate_loss). Each is drawn from a
 generator seeded by (seed, step), so a resumed run, a run on more ranks and a run with another
 gradient-accumulation split all see the same data and the same noise (train.py's exact resume and its
 data-parallel test rest on this).
@@ -15,6 +16,7 @@ data-parallel test rest on this).
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from model import IGNORE_INDEX
 
@@ -99,3 +101,43 @@ def get_batch(data, rows, device, T=None):
         x, y, d = xy[:, :-1], xy[:, 1:], None
     to = lambda t: None if t is None else t.to(device, non_blocking=True)
     return to(x.contiguous()), to(y.contiguous()), to(d)
+
+
+@torch.no_grad()
+def estimate_loss(model, data, r_values, eval_iters, batch_size, device, seed, autocast, gate=False):
+    """Validation loss (and, for labeled data, accuracy overall and per task depth) at each r, on
+    the same fixed batches every time; the global RNG is forked so evaluating never changes training.
+    gate (--exit_gate): the exit gate's loss on the trajectory of r loops instead (exit_gate.py)."""
+    from exit_gate import gate_loss
+
+    model.eval()
+    out = {}
+    bar = tqdm(total=len(r_values) * eval_iters, desc="eval", unit="batch", leave=False, disable=None,
+               dynamic_ncols=True)  # None: off without a TTY
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for r in r_values:
+            bar.set_description(f"eval r={r}")
+            torch.manual_seed(seed)  # the s_0 draws of the evaluation
+            losses, correct, total = [], {}, {}
+            for it in range(eval_iters):
+                x, y, depths = get_batch(data, batch_rows(it, batch_size, data["n"], seed, "val"), device)
+                with autocast:
+                    logits, loss = (None, gate_loss(model, x, y, r)) if gate else model(x, y, num_steps=r)
+                losses.append(loss.item())
+                if data["targets"] is not None and logits is not None:  # labels: accuracy, by depth when known
+                    hit = (logits.argmax(-1) == y) & (y != IGNORE_INDEX)
+                    group = depths if depths is not None else (y != IGNORE_INDEX).long()
+                    for depth in group[y != IGNORE_INDEX].unique().tolist():
+                        sel = (group == depth) & (y != IGNORE_INDEX)
+                        correct[depth] = correct.get(depth, 0) + hit[sel].sum().item()
+                        total[depth] = total.get(depth, 0) + sel.sum().item()
+                bar.update(1)
+            res = {"loss": sum(losses) / len(losses)}
+            if total:
+                res["acc"] = sum(correct.values()) / sum(total.values())
+                if depths is not None:
+                    res["acc_by_k"] = {str(d): correct[d] / total[d] for d in sorted(total)}  # key: by task depth
+            out[str(r)] = res
+    bar.close()
+    model.train()
+    return out
