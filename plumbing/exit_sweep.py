@@ -40,7 +40,8 @@ position per decode step, at Huginn's thresholds):
     python train.py --config config/cpu_depth.json --out_dir out/depth          # CPU, a few minutes
     python eval_math.py --init out/depth --task depth --data data/depth --r 32 --exit_sweep --out_dir out/eval/exits
 Writes exit_frontier.json ({"r_max", "fixed": [{r, accuracy, by_k}], "adaptive": [{criterion, threshold,
-mean_loops, accuracy, by_k}]}), exit_frontier.png, loops_by_depth.png, and prints each criterion's best
+mean_loops, accuracy, by_k}]}), exit_positions.npz (per labeled position: row, k, correct after each loop (L, N),
+loops_<criterion> at Huginn's default thresholds), exit_frontier.png, loops_by_depth.png, and prints each criterion's best
 threshold: the fewest mean loops within 1 point of fixed r_max's accuracy over the trained depths, and over all.
 Test: python -m pytest -q tests/test_exit_sweep.py
 """
@@ -127,8 +128,9 @@ def pick(per_loop, loops):
 
 @torch.no_grad()
 def trajectories(args, model):
-    """Every labeled val position's correctness after each loop (L, N) bool, its step k (N,), loop_signals'
-    values (L, N) per criterion, and the data's meta.json; L = max(--r), N positions in row-major order."""
+    """Every labeled position's correctness after each loop (L, N) bool, its step k (N,), loop_signals' values
+    (L, N) per criterion, the data's meta.json and each position's row (N,); L = max(--r), N positions in
+    row-major order."""
     args.data = args.data or str(REPO / "data" / "depth")
     meta, ids, targets, steps = load_bin(args, model)
     if targets is None or steps is None or not meta.get("seq_len"):
@@ -152,11 +154,13 @@ def trajectories(args, model):
         logits = (out.logits if j == r_max else model.readout(out.states[j], rope, positions=at)
                   for j in range(1, r_max + 1))  # (N, V) after loop j, one loop at a time
         answers, values = loop_signals([s[at] for s in out.states], logits, getattr(model, "exit_gate", None))
-        parts.append(((answers == y[at]).cpu(), steps[b:b + args.batch_size][at.cpu().numpy()],
-                      {c: v.cpu() for c, v in values.items()}))
+        mask = at.cpu().numpy()
+        parts.append(((answers == y[at]).cpu(), steps[b:b + args.batch_size][mask],
+                      {c: v.cpu() for c, v in values.items()}, b + np.nonzero(mask)[0]))
     correct = torch.cat([p[0] for p in parts], 1)
     values = {c: torch.cat([p[2][c] for p in parts], 1) for c in parts[0][2]}
-    return correct, np.concatenate([p[1] for p in parts]).astype(int), values, meta
+    rows = np.concatenate([p[3] for p in parts]).astype(int)
+    return correct, np.concatenate([p[1] for p in parts]).astype(int), values, meta, rows
 
 
 def frontier(correct, steps, values, min_loops=1):
@@ -309,16 +313,21 @@ def exit_sweep(args, model, out_dir):
     Returns exit_frontier.json's dict."""
     if not model.config.recurrent:
         raise EvalError("--exit_sweep needs a recurrent model: a static one runs its layers once")
-    correct, steps, values, meta = trajectories(args, model)
+    correct, steps, values, meta, rows = trajectories(args, model)
     result = frontier(correct, steps, values, args.exit_min_loops)
+    # per position, for intervals paired by row (experiments/adaptive_depth.py): correctness after every loop and
+    # the exit loop of each criterion at Huginn's default threshold; arrays only, read with allow_pickle=False
+    defaults = {f"loops_{c}": first_exit(c, values[c], EXIT_THRESHOLDS[c], args.exit_min_loops).numpy()
+                for c in values if c in EXIT_THRESHOLDS and EXIT_THRESHOLDS[c] in thresholds(c, correct.shape[0])}
     counts, kmax = {int(k): int((steps == k).sum()) for k in np.unique(steps)}, meta["train_max_k"]
     best = best_thresholds(result, counts, kmax)
     print_summary(result, best, counts, kmax, len(steps))
     try:  # a full disk: one line that says so
         with open(out_dir / "exit_frontier.json", "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
+        np.savez_compressed(out_dir / "exit_positions.npz", row=rows, k=steps, correct=correct.numpy(), **defaults)
         paths = plot(result, best, counts, kmax, out_dir)
     except OSError as e:
         raise EvalError(os_error(e, out_dir)) from None
-    print(f"wrote {out_dir / 'exit_frontier.json'}, " + ", ".join(str(p) for p in paths))
+    print(f"wrote {out_dir / 'exit_frontier.json'}, {out_dir / 'exit_positions.npz'}, " + ", ".join(str(p) for p in paths))
     return result

@@ -181,6 +181,22 @@ def test_end_to_end_schema_plots_and_fixed_curve(depth_dir, tiny_depth_model, tm
         e = res["fixed"][row["r"] - 1]
         assert {k: v["accuracy"] for k, v in e["by_k"].items()} == pytest.approx(
             {k: v["accuracy"] for k, v in row["by_k"].items()}, rel=1e-12)
+    # exit_positions.npz, position by position: the same answers as run_depth's rows, and the exits at Huginn's
+    # defaults that give the frontier's entries at those thresholds
+    pos = np.load(tmp_path / "sweep" / "exit_positions.npz", allow_pickle=False)
+    recs = [json.loads(line) for line in open(tmp_path / "fixed" / "results.jsonl")]
+    for r in (1, 2, 4):
+        by_row = {x["index"]: x for x in recs if x["r"] == r}
+        for i in np.unique(pos["row"]):
+            at = pos["row"] == i
+            assert pos["correct"][r - 1][at].tolist() == by_row[int(i)]["correct"]
+            assert pos["k"][at].tolist() == by_row[int(i)]["steps"]
+    assert sorted(k for k in pos if k.startswith("loops_")) == sorted(f"loops_{c}" for c in ZERO_SHOT if c != "argmax")
+    for c in (c for c in ZERO_SHOT if c != "argmax"):  # argmax's default, a streak of 5, is past r_max = 4
+        e = next(e for e in res["adaptive"] if e["criterion"] == c and e["threshold"] == EXIT_THRESHOLDS[c])
+        loops = pos[f"loops_{c}"]
+        assert loops.mean() == pytest.approx(e["mean_loops"], rel=1e-12)
+        assert pos["correct"][loops - 1, np.arange(len(loops))].mean() == pytest.approx(e["accuracy"], rel=1e-12)
 
 
 def test_exit_min_loops_holds_every_position(depth_dir, tiny_depth_model, tmp_path):
