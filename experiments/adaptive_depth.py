@@ -174,7 +174,7 @@ def report(args, out, src, command, t0):
                   f"test evaluation row by row: {res['fixed_r32_is_the_arms_evaluation']}.", "",
                   f"| {m} | threshold | mean loops | test depth {TRAIN_K} | test depths {TRAIN_K + 1}-{TEST_K} | "
                   "Spearman (depth, loops) by seed |", "|---|---|---|---|---|---|"]
-        for r in (1, 8, at, R_MAX):
+        for r in sorted({1, 8, at, R_MAX}):
             lines.append(f"| fixed r = {r} | - | {r} | {res['fixed'][r][str(TRAIN_K)]:.3f} | "
                          f"{res['fixed'][r]['beyond']:.3f} | - |")
         for c, v in res["criteria"].items():
