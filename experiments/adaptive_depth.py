@@ -33,10 +33,10 @@ from tqdm import tqdm
 from exit_gate import EXIT_THRESHOLDS, ZERO_SHOT
 from experiments import stats
 from experiments.claim_arms import sh_once
-from experiments.claims import RULES, compare, line, reported, rules_commit
+from experiments.claims import RULES, compare, depth_range, line, provenance, reported, rules_commit
 from plumbing.cli import git_commit
 from plumbing.exit_sweep import spearman
-from plumbing.plots import pyplot
+from plumbing.plots import pyplot, save_figures
 
 RULE = RULES["adaptive_depth"]
 TRAIN_K, TEST_K = RULES["train_depth"], RULES["test_depth"]
@@ -71,7 +71,7 @@ def sweep(out, model, seed, src, log):
 def per_row(pos, correct, depth):
     """(rows,) each row's mean correctness over its labels at `depth` (or pooled beyond the trained depth), in row
     order, as the studies' Arm.rows reads an evaluation; correct (N,) per position."""
-    lo, hi = (TRAIN_K + 1, TEST_K) if depth == "beyond" else (depth, depth)
+    lo, hi = depth_range(depth)
     sel = (pos["k"] >= lo) & (pos["k"] <= hi)
     rows, inverse = np.unique(pos["row"][sel], return_inverse=True)
     return np.bincount(inverse, weights=correct[sel].astype(float)) / np.bincount(inverse)
@@ -155,9 +155,7 @@ def plot(results, path):
                    title=f"{model}: loops by depth, Huginn's defaults")
     fig.suptitle("test split, five seeds: each criterion at Huginn's default threshold against fixed r (one "
                  "trajectory of 32 loops per seed); error bars: std over seeds", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figures([(fig, path.name)], path.parent)
 
 
 def report(args, out, src, command, t0):
@@ -186,8 +184,7 @@ def report(args, out, src, command, t0):
     md = "\n".join(lines)
     (out / "adaptive_depth.md").write_text(md + "\n")
     summary = {"question": RULE["question"], "rule": RULE, "verdicts": {m: r["verdict"] for m, r in results.items()},
-               "measured": results, "seeds": seeds, "command": command,
-               "commits": {"code": git_commit() or None, "rules": rules_commit()}, "seconds": time.time() - t0}
+               "measured": results, **provenance({}, seeds, command, t0)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
     plot(results, out / "adaptive_depth.png")
     print(f"\n{md}\nwrote {out / 'summary.json'}, {out / 'adaptive_depth.md'}, {out / 'adaptive_depth.png'} "

@@ -50,6 +50,11 @@ EVAL_R = ",".join(map(str, [*range(1, TEST_K + 1), 16, 32]))  # r = d for every 
 # reading the arms' results
 
 
+def depth_range(depth):
+    """(lo, hi): the task depths a reading pools: one depth, "trained" (1..TRAIN_K) or "beyond" (TRAIN_K+1..TEST_K)."""
+    return {"trained": (1, TRAIN_K), "beyond": (TRAIN_K + 1, TEST_K)}.get(depth, (depth, depth))
+
+
 class Arm:
     """One arm's repeat.py folder: its summary table, its seeds' logs and their test rows."""
 
@@ -67,7 +72,7 @@ class Arm:
     def rows(self, depth, r):
         """(seeds, rows) 0/1 correctness on the test rows, in row order: at one depth, or each row's mean over the
         trained depths ("trained") or beyond them ("beyond"), read out after r loops (static arms: their one r)."""
-        lo, hi = {"trained": (1, TRAIN_K), "beyond": (TRAIN_K + 1, TEST_K)}.get(depth, (depth, depth))
+        lo, hi = depth_range(depth)
         out = []
         for s in self.seeds:
             if s not in self._records:

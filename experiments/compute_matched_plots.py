@@ -12,7 +12,7 @@ The compute-matched study's two figures (experiments/compute_matched.py writes t
 import numpy as np
 
 from experiments.claims import RULES
-from plumbing.plots import pyplot
+from plumbing.plots import pyplot, save_figures
 
 
 def dev_curve(arm, r, offset=None):
@@ -57,9 +57,7 @@ def plot(A, measured, baselines, path):
     fig.suptitle("lines: dev accuracy at train.py's evaluations (mean over seeds); x: where the retrofit's wall time "
                  "ends\nstars: test, mean ± std over seeds, at each run's end; dotted: the retrofit's FLOPs, chance (1/6)",
                  fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figures([(fig, path.name)], path.parent)
 
 
 def plot_test(A, measured, baselines, plan, path):
@@ -86,6 +84,4 @@ def plot_test(A, measured, baselines, plan, path):
     axes[0].legend(fontsize=7)
     fig.suptitle(f"test split, mean ± std over {len(A['retrofit'].seeds)} seeds; every arm trained to "
                  f"{plan['target']['flops']:.3g} FLOPs; titles: the paired difference, 95% interval", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figures([(fig, path.name)], path.parent)

@@ -44,7 +44,7 @@ from experiments.claim_arms import run_arms, sh, sh_once
 from experiments.claims import RULES, Arm, compare, line, provenance, rules_commit
 from experiments.english import run_units
 from plumbing.cli import git_commit
-from plumbing.plots import pyplot
+from plumbing.plots import pyplot, save_figures
 
 RULE = RULES["in_place"]
 TRAIN_K, TEST_K = RULES["train_depth"], RULES["test_depth"]
@@ -288,9 +288,7 @@ def plot(A, res, path):
     ax.set(ylabel="text loss at r = 1 minus the parent's (nats/token)",
            title="retention (dotted: the margin)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figures([(fig, path.name)], path.parent)
 
 
 def report(args, out, p, command, t0):
