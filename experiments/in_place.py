@@ -201,9 +201,10 @@ def losses(out, name, corpus):
 
 
 def accuracy(out, name, data, depth):
-    """{r: accuracy} of an OUT/evals reading of test rows, at one depth or pooled beyond the trained one."""
+    """{r: accuracy} of an OUT/evals reading of test rows, at one depth or pooled over the trained depths or beyond."""
     res = json.loads((out / "evals" / name / data / "summary.json").read_text())["results"]
-    key = lambda row: row["accuracy_beyond_depth"] if depth == "beyond" else row["by_k"][str(depth)]["accuracy"]
+    pooled = {"beyond": "accuracy_beyond_depth", "trained": "accuracy_trained_depth"}
+    key = lambda row: row[pooled[depth]] if depth in pooled else row["by_k"][str(depth)]["accuracy"]
     return {row["r"]: key(row) for row in res}
 
 
@@ -244,16 +245,24 @@ def measure(out, p, A, seeds):
 
     cut = RecurrentGPT.from_pretrained(str(p["cut"]))  # the parent at r = 1, loaded once
     res["adapter_logit_gap"] = logit_gap(p, cut, out / "arms" / "adapter" / f"seed_{first}")
-    rule = lambda name, data: accuracy(out, f"{name}/{first}", data, TRAIN_K)[READ_R]  # OUT/evals' readings
-    res["interference"] = {"before": {"forward": A["core"].acc(TRAIN_K, READ_R)[0], "reversed": rule("core", "reversed")}}
-    for a in ("rev_core", "rev_adapter", "mix_core"):
-        own = A[a].acc(TRAIN_K, READ_R)[0]  # the test rows of the data it trained on
-        res["interference"][a] = {"forward": rule(a, "forward"),
-                                  **({"reversed": rule(a, "reversed"), "mixed": own} if a == "mix_core" else {"reversed": own})}
+    # at depth 6 and pooled over depths 1-6 (the loops rule's metric: at this budget depth 6 sits near chance)
+    res["interference"] = {depth: interference(out, A, first, depth) for depth in (TRAIN_K, "trained")}
     res["flops_per_token"] = {"parent": cut.inference_flops_per_token(1),
                               "per_loop": cut.inference_flops_per_token(2) - cut.inference_flops_per_token(1)}
     layers = json.loads((p["layers"] / "analyze.json").read_text())["layers"]["block_influence"]
     res["block_influence"] = layers
+    return res
+
+
+def interference(out, A, first, depth):
+    """Forward- and reversed-rule test accuracy at READ_R of the first seed's core arm and of the arms trained on
+    from it, at one depth or pooled ("trained")."""
+    rule = lambda name, data: accuracy(out, f"{name}/{first}", data, depth)[READ_R]  # OUT/evals' readings
+    res = {"before": {"forward": A["core"].acc(depth, READ_R)[0], "reversed": rule("core", "reversed")}}
+    for a in ("rev_core", "rev_adapter", "mix_core"):
+        own = A[a].acc(depth, READ_R)[0]  # the test rows of the data it trained on
+        res[a] = {"forward": rule(a, "forward"),
+                  **({"reversed": rule(a, "reversed"), "mixed": own} if a == "mix_core" else {"reversed": own})}
     return res
 
 
@@ -262,10 +271,12 @@ def acc_by_r(arm, depth):
     return rs, np.array([arm.acc(depth, r) for r in rs])  # (r, seeds)
 
 
-def plot(A, res, path):
+def plot(A, res, out):
+    """OUT/in_place.png: accuracy against r, in place beside the (2,2,2) cut; OUT/in_place_retention.png: the text
+    loss at r = 1 against the parent's, the 5-seed arms with the rule's 95% interval."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
-    for ax, depth, title in ((axes[0], TRAIN_K, f"depth {TRAIN_K} (deepest trained)"),
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, depth, title in ((axes[0], "trained", f"depths 1-{TRAIN_K} pooled (trained; the rule's)"),
                              (axes[1], "beyond", f"depths {TRAIN_K + 1}-{TEST_K} pooled")):
         for name, arm, color in (("in place, core trained", A["core"], "C0"), ("in place, core + KL", A.get("core_kl"), "C3"),
                                  ("in place, adapter only", A["adapter"], "C1"), ("(2,2,2) cut, all trained", A["cut222"], "C2")):
@@ -275,20 +286,35 @@ def plot(A, res, path):
             ax.errorbar(rs, acc.mean(1), yerr=acc.std(1, ddof=1) if acc.shape[1] > 1 else None, color=color,
                         marker="o", capsize=3, label=f"{name} ({acc.shape[1]} seeds)")
         ax.axhline(1 / 6, color="grey", lw=0.8, ls=":")
-        ax.set(xscale="log", xlabel="r (loops at test time)", ylabel="test accuracy", ylim=(0, 1.02), title=title)
+        ax.set(xscale="log", xlabel="r (loops at test time)", ylabel="test accuracy (mean ± std over seeds)",
+               ylim=(0, 1.02), title=title)
     axes[0].legend(fontsize=7)
-    ax, names = axes[2], list(res["text_loss"])
+    fig2, ax = plt.subplots(figsize=(8, 4.2))
+    loss, parent = res["text_loss"], res["text_loss"]["parent"]
+    arms = list(dict.fromkeys(n.split("/")[0] for n in loss if n != "parent" and not n.startswith("cut222")))
+    top = 0.0
     for i, c in enumerate(CORPORA):
-        ys = [res["text_loss"][n][c] - res["text_loss"]["parent"][c] for n in names]
-        ax.scatter(np.arange(len(names)) + 0.15 * i, ys, label=f"{c} (parent {res['text_loss']['parent'][c]:.3f})",
-                   color=f"C{i}")
+        x = np.arange(len(arms)) + 0.2 * (i - 0.5)
+        for j, a in enumerate(arms):
+            vals = [v[c] - parent[c] for n, v in loss.items() if n.split("/")[0] == a]
+            r = res["retention"].get(a)
+            if r:  # the seeds' mean with the rule's interval (parent - arm, negated: a loss increase)
+                d = r["by_corpus"][c]
+                ax.errorbar(x[j], -d["diff"], yerr=[[d["high"] - d["diff"]], [d["diff"] - d["low"]]], color=f"C{i}",
+                            marker="o", capsize=4)
+            ax.scatter([x[j]] * len(vals), vals, color=f"C{i}", s=10, alpha=0.5,
+                       label=f"{c} (parent {parent[c]:.3f} nats)" if j == 0 else None)
+            top = max(top, *vals)
     ax.axhline(0, color="grey", lw=0.8)
-    ax.axhline(RULE["retention"]["margin"], color="C3", lw=0.8, ls=":")  # non-inferiority's bound
-    ax.set_xticks(range(len(names)), names, rotation=60, fontsize=7)
-    ax.set(ylabel="text loss at r = 1 minus the parent's (nats/token)",
-           title="retention (dotted: the margin)")
-    ax.legend(fontsize=7)
-    save_figures([(fig, path.name)], path.parent)
+    ax.axhline(RULE["retention"]["margin"], color="C3", lw=1, ls=":", label=f"the margin, +{RULE['retention']['margin']}")
+    cut = next(v for n, v in loss.items() if n.startswith("cut222"))
+    count = lambda a: sum(n.split("/")[0] == a for n in loss)
+    ax.set_xticks(range(len(arms)), [f"{a}\n({count(a)} seed{'s' * (count(a) > 1)})" for a in arms], fontsize=8)
+    ax.set(ylabel="text loss at r = 1 minus the parent's (nats/token)", ylim=(-0.1, top * 1.15),
+           title="What the parent keeps at r = 1 (held-out text; bars: 95% intervals)\n"
+                 "the (2,2,2) cut, off the scale: " + ", ".join(f"+{cut[c] - parent[c]:.1f} on {c}" for c in CORPORA))
+    ax.legend(fontsize=8)
+    save_figures([(fig, "in_place.png"), (fig2, "in_place_retention.png")], out)
 
 
 def report(args, out, p, command, t0):
@@ -312,12 +338,12 @@ def report(args, out, p, command, t0):
              "| test accuracy | " + " | ".join(f"r={r}" for r in rs) + " |", "|---" * (len(rs) + 1) + "|"]
     for name, arm in (("in place, core", A["core"]), ("in place, core + KL", A.get("core_kl")),
                       ("in place, adapter", A["adapter"]), ("(2,2,2) cut", A["cut222"])):
-        for depth in (k, "beyond"):
+        for depth, label in (("trained", f"depths 1-{k}"), (k, f"depth {k}"), ("beyond", f"depths {k + 1}-{TEST_K}")):
             if arm is not None:
                 _, acc = acc_by_r(arm, depth)
                 cells = [f"{m:.3f} ± {s:.3f}" if acc.shape[1] > 1 else f"{m:.3f}"
                          for m, s in zip(acc.mean(1), acc.std(1, ddof=1) if acc.shape[1] > 1 else acc.mean(1))]
-                lines.append(f"| {name}, depth {depth} ({acc.shape[1]} seeds) | " + " | ".join(cells) + " |")
+                lines.append(f"| {name}, {label} ({acc.shape[1]} seeds) | " + " | ".join(cells) + " |")
     f = res["flops_per_token"]
     lines += ["", line(f"loops: core at r = {READ_R} vs r = 1, depths 1-{k}", res["loops"]),
               f"Each loop past the first costs {f['per_loop']:.3g} FLOPs a token, {f['per_loop'] / f['parent']:.1%} of "
@@ -330,17 +356,20 @@ def report(args, out, p, command, t0):
         lines.append(line(f"loops: core_kl at r = {READ_R} vs r = 1, depths 1-{k}", res["loops_kl"]))
     lines += [f"The adapter-only arm at r = 1 against the parent: largest absolute logit difference "
               f"{res['adapter_logit_gap']:.3g}.", "",
-              f"| interference (seed {first}, test accuracy at depth {k}, r = {READ_R}) | forward rule | reversed rule |",
-              "|---|---|---|"]
-    for name, v in res["interference"].items():
-        lines.append(f"| {name} | {v['forward']:.3f} | {v['reversed']:.3f} |")
+              f"| interference (seed {first}, test accuracy at r = {READ_R}) | forward rule, depths 1-{k} | reversed rule, "
+              f"depths 1-{k} | forward, depth {k} | reversed, depth {k} |", "|---|---|---|---|---|"]
+    pooled, deepest = res["interference"]["trained"], res["interference"][k]
+    for name, v in pooled.items():
+        w = deepest[name]
+        lines.append(f"| {name} | {v['forward']:.3f} | {v['reversed']:.3f} | {w['forward']:.3f} | {w['reversed']:.3f} |")
     md = "\n".join(lines)
     (out / "in_place.md").write_text(md + "\n")
     summary = {"question": RULE["question"], "rule": RULE, "verdicts": res["verdicts"], "measured": res,
                **provenance(A, seeds, command, t0)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
-    plot(A, res, out / "in_place.png")
-    print(f"\n{md}\n\nwrote {out / 'summary.json'}, {out / 'in_place.md'}, {out / 'in_place.png'}")
+    plot(A, res, out)
+    print(f"\n{md}\n\nwrote {out / 'summary.json'}, {out / 'in_place.md'}, {out / 'in_place.png'}, "
+          f"{out / 'in_place_retention.png'}")
 
 
 def main():

@@ -257,7 +257,7 @@ def main():
     if args.no_summary:
         return
     if covered(out_dir / "summary.json", argv, args.seeds):
-        print(f"{out_dir / 'summary.json'} kept: a summary of this command over more seeds than {args.seeds}")
+        print(f"{out_dir / 'summary.json'} kept: it already summarizes this command over seeds {args.seeds} or more")
         return
     table, train_max_k = aggregate([s["test"] for s in summaries]), summaries[0]["test"].get("train_max_k")
     dev_table = aggregate([s["dev"] for s in summaries]) if args.eval == "depth" and "dev" in splits else None

@@ -79,7 +79,8 @@ def test_smoke_pipeline_adapter_exact_and_report(tmp_path):
     assert m["adapter_logit_gap"] == 0.0
     assert m["text_loss"]["adapter/1337"] == m["text_loss"]["parent"]
     assert m["text_loss"]["core/1337"] != m["text_loss"]["parent"]  # the trained core is on the r = 1 path
-    assert set(m["interference"]) == {"before", "rev_core", "rev_adapter", "mix_core"}
+    assert set(m["interference"]) == {"6", "trained"}  # depth 6 and pooled over 1-6, each arm's both rules
+    assert all(set(v) == {"before", "rev_core", "rev_adapter", "mix_core"} for v in m["interference"].values())
     md = (tmp_path / "in_place.md").read_text()
-    assert "| (2,2,2) cut, depth 6 (1 seeds) |" in md and (tmp_path / "in_place.png").stat().st_size > 0
+    assert "| (2,2,2) cut, depth 6 (1 seeds) |" in md and all((tmp_path / f).stat().st_size > 0 for f in ("in_place.png", "in_place_retention.png"))
     shutil.rmtree(tmp_path)  # every seed's checkpoint of the 30-layer model: gigabytes pytest would keep
