@@ -291,7 +291,8 @@ def plot(A, res, out):
     axes[0].legend(fontsize=7)
     fig2, ax = plt.subplots(figsize=(8, 4.2))
     loss, parent = res["text_loss"], res["text_loss"]["parent"]
-    arms = list(dict.fromkeys(n.split("/")[0] for n in loss if n != "parent" and not n.startswith("cut222")))
+    order = ["core", "core_kl", "adapter", "rev_core", "rev_adapter", "mix_core"]
+    arms = [a for a in order if any(n.split("/")[0] == a for n in loss)]
     top = 0.0
     for i, c in enumerate(CORPORA):
         x = np.arange(len(arms)) + 0.2 * (i - 0.5)
