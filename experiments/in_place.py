@@ -24,8 +24,8 @@ Beside the training, eval_math.py reads (OUT/evals/<model>/<what>): the text los
 trained model on two corpora no arm trains on (data/sotu's held-out speeches; Python's own documentation,
 pydoc_data.topics, which ships with CPython); the other rule's test rows for the interference arms and their start.
 
-Writes OUT/summary.json, OUT/in_place.md (the tables) and OUT/in_place.png (accuracy against r beside the (2,2,2)
-cut's; text loss at r = 1 against the parent's: the retention figure).
+Writes OUT/summary.json, OUT/in_place.md (the tables), OUT/in_place.png (accuracy against r beside the (2,2,2)
+cut's) and OUT/in_place_retention.png (text loss at r = 1 against the parent's, with the rule's intervals).
 """
 
 import argparse
