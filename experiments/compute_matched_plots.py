@@ -77,10 +77,11 @@ def plot_test(A, measured, baselines, plan, path):
         for b in baselines:
             a = A[b].acc(depth, 1)
             ax.errorbar([inf[b.split("_")[0]]], [a.mean()], yerr=[a.std(ddof=1)], marker="s", capsize=3, label=b)
-        d = measured["comparisons"][f"uncut_flops@{depth}"]
+        diffs = [(b.split("_")[0], measured["comparisons"][f"{b}@{depth}"]) for b in baselines]
         ax.axhline(1 / 6, color="grey", lw=0.8, ls=":")  # chance: 6 answers
         ax.set(xscale="log", xlabel="inference FLOPs a token", ylabel="test accuracy", ylim=(0, 1.02),
-               title=f"{title}: r = {measured['r']} - uncut {d['diff']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]")
+               title=f"{title}, r = {measured['r']} minus\n" + "; ".join(
+                   f"{b} {d['diff']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]" for b, d in diffs))
     axes[0].legend(fontsize=7)
     fig.suptitle(f"test split, mean ± std over {len(A['retrofit'].seeds)} seeds; every arm trained to "
                  f"{plan['target']['flops']:.3g} FLOPs; titles: the paired difference, 95% interval", fontsize=9)
