@@ -130,6 +130,10 @@ def test_each_unit_starts_after_the_one_it_reads(tmp_path):
     z = english.sizes(smoke=True)
     order = english.schedule(seeds, z)
     assert len(order) == len(set(order)) and ("en_adapter_installed", "1337") in order and ("en_cot", "1337") in order
+    # seed by seed, the rule's two arms before the next seed's and before every arm no verdict rests on
+    last_of = lambda s: max(order.index((arm, s)) for arm in ("en_installed", "en_fresh"))
+    assert all(last_of(a) < order.index(("symbols_phase1", b)) for a, b in zip(seeds, seeds[1:]))
+    assert last_of(seeds[-1]) < min(order.index(u) for u in order if u[0].startswith(("en_adapter", "en_cot")))
     events, lock = [], threading.Lock()
 
     def run_one(arm, unit_seeds):
