@@ -45,10 +45,12 @@ Test: python -m pytest -q tests/test_exit_gate.py tests/test_exit_sweep.py
 import torch
 import torch.nn.functional as F
 
-try:  # the gate is a module of the model; its training objective is here
-    from model import IGNORE_INDEX, ExitGate
+import torch.nn as nn
+
+try:
+    from per_loop import IGNORE_INDEX
 except ImportError:  # in a checkpoint directory, where transformers imports these files as one package
-    from .model import IGNORE_INDEX, ExitGate
+    from .per_loop import IGNORE_INDEX
 
 # Huginn's defaults; argmax counts loops, the rest are "value below threshold". The paper's
 # figure uses 5e-4 for kl; its code defaults to 1e-3. gate: a learned exit gate's probability (below),
@@ -138,6 +140,37 @@ class ExitRule:
         if value is None:
             return torch.zeros(s.shape[0], dtype=torch.bool, device=s.device)
         return exit_fired(c, value, self.threshold) & (i + 1 >= self.min_loops)
+
+
+# -----------------------------------------------------------------------------
+# the learned gate: a module of the model (model.py builds it when config.exit_gate)
+
+
+class ExitGate(nn.Module):
+    """P(stop after loop i) from the state: Linear(2h + 1 -> 1) on [rmsnorm(s_i), rmsnorm(s_i - s_{i-1}),
+    log(|s_i - s_{i-1}| / |s_i|)], in fp32; starts at p = 0.5 (zero weights). Why these inputs: the docstring
+    above; its target and training: gate_loss below."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        self.proj = nn.Linear(2 * n_embd + 1, 1)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, s_prev, s):
+        """s_prev, s (..., h): the state before and after a loop -> the exit logit (...,), in fp32."""
+        s, d = s.float(), s.float() - s_prev.float()
+        size = (d.norm(dim=-1) / s.norm(dim=-1).clamp_min(1e-12)).clamp_min(1e-12).log()  # log latent-diff
+        h = (s.shape[-1],)
+        x = torch.cat([F.rms_norm(s, h), F.rms_norm(d, h, eps=1e-12), size[..., None]], dim=-1)
+        return F.linear(x, self.proj.weight.float(), self.proj.bias.float()).squeeze(-1)
+
+    def probability(self, s_prev, s):
+        return torch.sigmoid(self(s_prev, s))
+
+    def trajectory(self, states):
+        """states s_0..s_L, each (N, h) -> (L, N): the probability after each loop 1..L."""
+        return torch.stack([self.probability(a, b) for a, b in zip(states[:-1], states[1:])])
 
 
 # -----------------------------------------------------------------------------

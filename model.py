@@ -28,7 +28,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-IGNORE_INDEX = -1  # target value that carries no loss (nanoGPT convention)
+try:  # the exit gate and per-loop supervision are the model's modules in files of their own
+    from exit_gate import ExitGate
+    from per_loop import IGNORE_INDEX, PerLoopReadout, flat_labels
+except ImportError:  # in a checkpoint directory, where transformers imports these files as one package
+    from .exit_gate import ExitGate
+    from .per_loop import IGNORE_INDEX, PerLoopReadout, flat_labels
 
 
 # -----------------------------------------------------------------------------
@@ -183,33 +188,6 @@ class Block(nn.Module):
         return self.post_feedforward_layernorm(x + self.mlp(self.pre_feedforward_layernorm(x)))
 
 
-class ExitGate(nn.Module):
-    """P(stop after loop i) from the state: Linear(2h + 1 -> 1) on [rmsnorm(s_i), rmsnorm(s_i - s_{i-1}),
-    log(|s_i - s_{i-1}| / |s_i|)], in fp32; starts at p = 0.5 (zero weights). Why these inputs, its target and its
-    training: exit_gate.py."""
-
-    def __init__(self, n_embd):
-        super().__init__()
-        self.proj = nn.Linear(2 * n_embd + 1, 1)
-        nn.init.zeros_(self.proj.weight)
-        nn.init.zeros_(self.proj.bias)
-
-    def forward(self, s_prev, s):
-        """s_prev, s (..., h): the state before and after a loop -> the exit logit (...,), in fp32."""
-        s, d = s.float(), s.float() - s_prev.float()
-        size = (d.norm(dim=-1) / s.norm(dim=-1).clamp_min(1e-12)).clamp_min(1e-12).log()  # log latent-diff
-        h = (s.shape[-1],)
-        x = torch.cat([F.rms_norm(s, h), F.rms_norm(d, h, eps=1e-12), size[..., None]], dim=-1)
-        return F.linear(x, self.proj.weight.float(), self.proj.bias.float()).squeeze(-1)
-
-    def probability(self, s_prev, s):
-        return torch.sigmoid(self(s_prev, s))
-
-    def trajectory(self, states):
-        """states s_0..s_L, each (N, h) -> (L, N): the probability after each loop 1..L."""
-        return torch.stack([self.probability(a, b) for a, b in zip(states[:-1], states[1:])])
-
-
 # -----------------------------------------------------------------------------
 # the model
 
@@ -273,56 +251,6 @@ class Trajectory:
     loss: torch.Tensor | None
     states: list | None
     loop_logits: list | None
-
-
-class PerLoopReadout:
-    """Readouts after the grad loops before the last, for one forward pass. Per-loop supervision (Shapiro 2026,
-    "Retrofitting Recurrent Depth into a Pretrained Language Model", arXiv 2608.11233): after loop i the coda
-    reads out and is trained on the labels of task depth <= i, the ones i loops can have computed, so that each
-    loop learns one step of the task. Also the logits after every loop for analysis (return_loop_logits).
-
-    at (B, T) bool: where the head reads out (labeled_only), or None: everywhere. In training (labeled_only, no
-    logits kept) the head reads out only where this loop has a label (exact: the others carry no loss): at r = 4,
-    loops 1-3 of a depth-6 row read 1 + 2 + 3 of its 6 labels, a third of the per-loop head's cost."""
-
-    def __init__(self, model, rope, targets, depths, weight, at, keep_logits):
-        self.model, self.rope, self.targets, self.at = model, rope, targets, at
-        self.depths = depths if depths is not None and weight > 0 else None  # None: no per-loop loss
-        self.weight, self.keep_logits = weight, keep_logits
-        self.logits, self.losses = [], []
-
-    @property
-    def wanted(self):
-        return self.depths is not None or self.keep_logits
-
-    def after_loop(self, s, loop):
-        """The readout of the state s after `loop` loops (1-based), and its loss on the labels of depth <= loop."""
-        reach = self.depths <= loop if self.depths is not None else None
-        own = reach is not None and self.at is not None and not self.keep_logits
-        logits = self.model.readout(s, self.rope, positions=self.at & reach if own else self.at)  # (B, T, V) or (N, V)
-        if self.keep_logits:
-            self.logits.append(logits)
-        if reach is not None:
-            labels = (self.targets[self.at & reach] if own
-                      else flat_labels(self.targets.masked_fill(~reach, IGNORE_INDEX), self.at))
-            self.losses.append(loop_loss(logits, labels))
-
-    def loss(self, final):
-        """(L_r + w sum_i L_i) / (1 + w (k - 1)): the outcome loss and the per-loop losses, weight w each."""
-        if not self.losses:
-            return final
-        return (final + self.weight * sum(self.losses)) / (1 + self.weight * len(self.losses))
-
-
-def flat_labels(targets, at):
-    """The labels of the positions the head read out: those at `at`, or every position (flattened)."""
-    return targets[at] if at is not None else targets.reshape(-1)
-
-
-def loop_loss(logits, labels):
-    """Mean cross-entropy over the labels a loop can reach; 0, not NaN, when it reaches none."""
-    ce = F.cross_entropy(logits.view(-1, logits.size(-1)), labels, ignore_index=IGNORE_INDEX, reduction="sum")
-    return ce / (labels != IGNORE_INDEX).sum().clamp(min=1)
 
 
 class RecurrentGPT(nn.Module):

@@ -23,8 +23,10 @@ MARKER = "nanorecur remote code"  # within the first 200 characters of every fil
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # format -> (the files, by their path in the repository; the config.json entries that point transformers at them)
-# model.py: the model, which the modeling files import; diffusion.py with what it imports: generate's diffusion sampler
-NANORECUR = ("plumbing/hf/modeling_nanorecur.py", "model.py", "diffusion.py", "kv_cache.py", "exit_gate.py")
+# model.py: the model, which the modeling files import, with the two files it imports; diffusion.py with what it
+# imports: generate's diffusion sampler
+NANORECUR = ("plumbing/hf/modeling_nanorecur.py", "model.py", "exit_gate.py", "per_loop.py", "diffusion.py",
+             "kv_cache.py")
 FORMATS = {
     "nanorecur": (NANORECUR, {"auto_map": {
         "AutoConfig": "modeling_nanorecur.NanorecurConfig",

@@ -229,7 +229,7 @@ def test_files_of_a_surgery_dir(surgery_dir):
     # the modeling code save_pretrained writes goes too: the repo loads with trust_remote_code
     assert files_to_upload(surgery_dir) == ["config.json", "diffusion.py", "exit_gate.py", "kv_cache.py", "model.py",
                                             "model.safetensors", "modeling_nanorecur.py",
-                                            "original/tokenizer.model",
+                                            "original/tokenizer.model", "per_loop.py",
                                             "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
 
 
@@ -237,7 +237,7 @@ def test_files_of_a_run_dir_leave_its_history_out(run_dir):
     names = files_to_upload(run_dir)
     assert names == ["config.json", "diffusion.py", "exit_gate.py", "kv_cache.py", "log.jsonl", "loss.png", "model.py",
                      "model.safetensors",
-                     "modeling_nanorecur.py",
+                     "modeling_nanorecur.py", "per_loop.py",
                      "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
     assert os.path.islink(run_dir / "model.safetensors") and (run_dir / "ckpt").is_dir()
 

@@ -93,8 +93,9 @@ def test_matvec_layout_keeps_values_and_cached_logits(name, kernel):
     # every decode kernel (packed, transposed weights; one-row products through numpy's BLAS or torch's; or the plain
     # parameters) changes strides and summation order only: the same values, the tie kept, and the cached decode as
     # close to the exact (float64) forward as the plain fp32 model is. Against the plain fp32 decode itself the BLAS
-    # round differently (measured up to 1.2e-5 here), so the reference is float64 and the bound 2e-5, the plain
-    # decode's own error ~1e-5
+    # round differently (measured up to 1.2e-5 here), so the reference is float64; the plain decode's own error is
+    # ~1e-5 and a kernel's is of its size but rounded independently (2.3e-5 against the plain's 1.3e-5 on a 2-core
+    # AVX2 EPYC), so the bound is three times the plain's (floor 1e-5): a wrong product is off by O(1)
     model, r = tiny(**CONFIGS[name]), 3
     before = {k: v.clone() for k, v in model.state_dict().items()}
     seq = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(2))
@@ -108,7 +109,7 @@ def test_matvec_layout_keeps_values_and_cached_logits(name, kernel):
     assert model.lm_head.weight.stride() == ((1, 97) if kernel != "plain" else (32, 1))
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     got = decode_logits(model, seq, 5, r, KVCache(model.config, 1, 12, r))
-    assert plain_err <= 2e-5 and (got.double() - exact).abs().max().item() <= 2e-5
+    assert plain_err <= 2e-5 and (got.double() - exact).abs().max().item() <= 3 * max(plain_err, 1e-5)
     assert [c.tokens for c in generate(model, prompts, max_new_tokens=10, num_steps=r)] == [c.tokens for c in plain]
 
 

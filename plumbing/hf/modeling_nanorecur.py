@@ -42,7 +42,8 @@ from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .model import ExitGate, RecurrentConfig, RecurrentGPT, rope_inv_freq
+from .exit_gate import ExitGate
+from .model import RecurrentConfig, RecurrentGPT, rope_inv_freq
 
 
 class NanorecurConfig(PreTrainedConfig):
