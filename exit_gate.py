@@ -43,11 +43,10 @@ Test: python -m pytest -q tests/test_exit_gate.py tests/test_exit_sweep.py
 """
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
-import torch.nn as nn
-
-try:
+try:  # in the repository
     from per_loop import IGNORE_INDEX
 except ImportError:  # in a checkpoint directory, where transformers imports these files as one package
     from .per_loop import IGNORE_INDEX
