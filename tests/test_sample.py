@@ -95,7 +95,7 @@ def test_matvec_layout_keeps_values_and_cached_logits(name, kernel):
     # close to the exact (float64) forward as the plain fp32 model is. Against the plain fp32 decode itself the BLAS
     # round differently (measured up to 1.2e-5 here), so the reference is float64; the plain decode's own error is
     # ~1e-5 and a kernel's is of its size but rounded independently (2.3e-5 against the plain's 1.3e-5 on a 2-core
-    # AVX2 EPYC), so the bound is three times the plain's (floor 1e-5): a wrong product is off by O(1)
+    # AMD EPYC, AVX-512), so the bound is three times the plain's (floor 1e-5): a wrong product is off by O(1)
     model, r = tiny(**CONFIGS[name]), 3
     before = {k: v.clone() for k, v in model.state_dict().items()}
     seq = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(2))
