@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from exit_gate import EXIT_THRESHOLDS
-from model import IGNORE_INDEX
+from per_loop import IGNORE_INDEX
 from plumbing.cli import THREADS_HELP, Parser, at_least, default_threads, git_commit, int_list, os_error, ready_out_dir
 from plumbing.device import AUTOCAST, autocast_context, compile_blocks
 from plumbing.eval_data import EvalError, load_bin, load_problems

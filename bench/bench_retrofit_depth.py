@@ -30,7 +30,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_train import smollm2_config  # noqa: E402
-from model import IGNORE_INDEX, RecurrentGPT  # noqa: E402
+from model import RecurrentGPT  # noqa: E402
+from per_loop import IGNORE_INDEX  # noqa: E402
 from muon import Muon  # noqa: E402
 
 

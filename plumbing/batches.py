@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from model import IGNORE_INDEX
+from per_loop import IGNORE_INDEX
 
 
 def open_data(data_dir, split, block_size):

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from exit_gate import EXIT_THRESHOLDS, ZERO_SHOT, exit_fired, exit_quantity, exit_value
-from model import IGNORE_INDEX
+from per_loop import IGNORE_INDEX
 from plumbing.cli import os_error
 from plumbing.eval_data import EvalError, load_bin
 
