@@ -10,12 +10,13 @@ The runs land in OUT/arms/<arm>/seed_S (repeat.py folders: a finished seed is re
 another command's is refused).
 """
 
+import argparse
 import json
 import os
 import shlex
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from tqdm import tqdm
@@ -151,3 +152,39 @@ def run_arms(out, names, table, jobs, log_dir, seeds, by_seed=False):
                 for done in pool.map(one, todo):
                     bar.set_postfix_str(done)
                     bar.update()
+
+
+def run_units(order, run_one, jobs, needs):
+    """run_one(arm, seeds) for every unit (arm, comma-separated seeds), `jobs` at a time, in order among the ready ones;
+    a unit is ready once the arm needs[arm] is done for all its seeds (a second phase after its own first)."""
+    done, running, todo = set(), {}, list(order)
+    ready = lambda u: u[0] not in needs or all((needs[u[0]], s) in done for s in u[1].split(","))
+    with ThreadPoolExecutor(jobs) as pool:
+        while todo or running:
+            for u in [u for u in todo if ready(u)][:jobs - len(running)]:
+                todo.remove(u)
+                running[pool.submit(run_one, *u)] = u
+            if not running:
+                raise RuntimeError(f"units wait on arms that never run: {todo}")
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for f in finished:
+                f.result()  # a failed run has stopped the study (sh names its log)
+                arm, unit_seeds = running.pop(f)
+                done.update((arm, s) for s in unit_seeds.split(","))
+
+
+def study_args(doc, module, out_dir, seeds):
+    """The command line the studies share (--out_dir, --seeds, --jobs, --smoke, --report), parsed and checked before
+    anything runs. Returns (args, OUT with its logs/ made, the command as one string)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], allow_abbrev=False)
+    ap.add_argument("--out_dir", default=out_dir)
+    ap.add_argument("--seeds", default=seeds, help="train.py seeds, comma-separated (five for a verdict)")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (2 on a 2-core machine)")
+    ap.add_argument("--smoke", action="store_true", help="a few steps of 4 rows, 4 test rows: the pipeline, not the question")
+    ap.add_argument("--report", action="store_true", help="run nothing: the report of the finished arms")
+    args = ap.parse_args()
+    if args.jobs < 1 or len(args.seeds.split(",")) < 2:
+        ap.error("--jobs must be >= 1" if args.jobs < 1 else "--seeds: at least two (an interval needs them)")
+    out = Path(args.out_dir)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    return args, out, shlex.join(["python", "-m", module, *sys.argv[1:]])

@@ -400,6 +400,14 @@ def rules_commit():
         return None
 
 
+def rules_state():
+    """The commit that last changed rules.json, and whether the file holds changes no commit has (then the rule's
+    commit cannot vouch for it)."""
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", str(RULES_FILE)], cwd=REPO, capture_output=True,
+                           text=True).stdout.strip()
+    return {"rules": rules_commit(), "rules_uncommitted": bool(dirty), "code": git_commit() or None}
+
+
 def provenance(A, seeds, command, t0):
     """What a study's summary.json keeps of how it was made: each arm's command, the seeds, the study's command,
     the commits of the code and of the rules, its seconds."""

@@ -35,22 +35,16 @@ chain is the cut's six layers (not the uncut 30-layer parent), scored on the fir
 readings go to r = 8, the rule's r (ZERO_SHOT_R), not 32.
 """
 
-import argparse
 import json
 import shlex
-import subprocess
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from pathlib import Path
 
 import numpy as np
 
-from experiments import stats
-from experiments.claim_arms import REPO, run_arms, sh, sh_once
-from experiments.claims import RULES, RULES_FILE, Arm, compare, line, reported, rules_commit
+from experiments.claim_arms import run_arms, run_units, sh, sh_once, study_args
+from experiments.claims import RULES, Arm, compare, line, reported, rules_state
 from experiments.repeat import aggregate, depth_panel, markdown
-from plumbing.cli import git_commit
 from plumbing.plots import pyplot
 
 RULE = RULES["english"]
@@ -172,24 +166,6 @@ def schedule(seeds, z):
                     ("en_cot", first(z["cot_seeds"]))]
 
 
-def run_units(order, run_one, jobs, needs=NEEDS):
-    """run_one(arm, seeds) for every unit, `jobs` at a time, each once needs' arm is done for all its seeds."""
-    done, running, todo = set(), {}, list(order)
-    ready = lambda u: u[0] not in needs or all((needs[u[0]], s) in done for s in u[1].split(","))
-    with ThreadPoolExecutor(jobs) as pool:
-        while todo or running:
-            for u in [u for u in todo if ready(u)][:jobs - len(running)]:
-                todo.remove(u)
-                running[pool.submit(run_one, *u)] = u
-            if not running:
-                raise RuntimeError(f"units wait on arms that never run: {todo}")
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for f in finished:
-                f.result()  # a failed run has stopped the study (sh names its log)
-                arm, unit_seeds = running.pop(f)
-                done.update((arm, s) for s in unit_seeds.split(","))
-
-
 def run_all(args, out, p, z, table):
     logs = out / "logs"
     prepare(p, z, logs / "prepare.log")
@@ -202,7 +178,7 @@ def run_all(args, out, p, z, table):
         else:
             run_arms(out, [arm], table, 1, logs, unit_seeds)
 
-    run_units(schedule(seeds, z), run_one, args.jobs)
+    run_units(schedule(seeds, z), run_one, args.jobs, NEEDS)
     run_arms(out, list(table), table, args.jobs, logs, args.seeds)  # every seed reused: each arm's summary whole
     for name in ZERO_SHOT:
         zero_shot_summary(out, name, [int(s) for s in seeds])
@@ -317,14 +293,6 @@ def finished(out, name):
     return (out / "arms" / name / "summary.json").is_file()
 
 
-def rules_state():
-    """The commit that last changed rules.json, and whether the file holds changes no commit has (then the rule's
-    commit cannot vouch for it)."""
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", str(RULES_FILE)], cwd=REPO, capture_output=True,
-                           text=True).stdout.strip()
-    return {"rules": rules_commit(), "rules_uncommitted": bool(dirty), "code": git_commit() or None}
-
-
 def report(args, out, z, command, t0):
     read = ["en_installed", "en_fresh", *ZERO_SHOT, "en_adapter_installed", "en_adapter_fresh", "en_cot"]  # English rows
     names = [*read, "symbols_phase1", "symbols"]
@@ -365,19 +333,8 @@ def report(args, out, z, command, t0):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    ap.add_argument("--out_dir", default="out/english")
-    ap.add_argument("--seeds", default=SEEDS, help=f"train.py seeds ({stats.MIN_SEEDS} for the verdict)")
-    ap.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (2 on a 2-core machine)")
-    ap.add_argument("--smoke", action="store_true", help="a few steps of 4 rows, 4 test rows: the pipeline, no figures")
-    ap.add_argument("--report", action="store_true", help="run nothing: the report of the finished arms")
-    args = ap.parse_args()
-    if args.jobs < 1 or len(args.seeds.split(",")) < 2:
-        ap.error("--jobs must be >= 1" if args.jobs < 1 else "--seeds: at least two (an interval needs them)")
-    out, t0 = Path(args.out_dir), time.time()
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    p, z = paths(out), sizes(args.smoke)
-    command = shlex.join(["python", "-m", "experiments.english", *sys.argv[1:]])
+    args, out, command = study_args(__doc__, "experiments.english", "out/english", SEEDS)
+    t0, p, z = time.time(), paths(out), sizes(args.smoke)
     print(f"english: seeds {args.seeds}, {args.jobs} runs at a time, sizes {json.dumps(z)}; logs in {out / 'logs'}")
     if not args.report:
         run_all(args, out, p, z, arms(out, p, z, args.seeds))

@@ -40,9 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from experiments import compute_matched, stats
-from experiments.claim_arms import run_arms, sh, sh_once
+from experiments.claim_arms import run_arms, run_units, sh, sh_once
 from experiments.claims import RULES, Arm, compare, line, provenance, rules_commit
-from experiments.english import run_units
 from plumbing.cli import git_commit
 from plumbing.plots import pyplot, save_figures
 

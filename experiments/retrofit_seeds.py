@@ -19,19 +19,12 @@ within 2 points); the same beyond depth 6 and phase 1 against phase 2 are report
 OUT/retrofit_seeds.md (the table) and OUT/retrofit_seeds.png.
 """
 
-import argparse
 import json
-import shlex
 import sys
 import time
-from pathlib import Path
 
-import numpy as np
-
-from experiments import stats
-from experiments.claim_arms import run_arms, sh
-from experiments.claims import RULES, Arm, compare, line, reported
-from experiments.english import finished, rules_state, run_units
+from experiments.claim_arms import run_arms, run_units, sh, study_args
+from experiments.claims import RULES, Arm, compare, finished, line, reported, rules_state
 from experiments.repeat import depth_panel
 
 RULE = RULES["retrofit"]
@@ -155,7 +148,7 @@ def plot(A, path):
 
 
 def report(args, out, command, t0):
-    if not all(finished(out, n) for n in ("phase1", "phase2")):
+    if not all(finished(out, n, len(args.seeds.split(","))) for n in ("phase1", "phase2")):
         print("retrofit_seeds: phase1 and phase2 are not both finished: no report (run without --report)")
         return None
     A = {n: Arm(out, n) for n in ("phase1", "phase2")}
@@ -190,19 +183,8 @@ def report(args, out, command, t0):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    ap.add_argument("--out_dir", default="out/retrofit_seeds")
-    ap.add_argument("--seeds", default=SEEDS, help=f"train.py seeds ({stats.MIN_SEEDS} for a verdict)")
-    ap.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (2 on a 2-core machine)")
-    ap.add_argument("--smoke", action="store_true", help="a few steps of 4 rows, 4 test rows: the pipeline, no figures")
-    ap.add_argument("--report", action="store_true", help="run nothing: the report of the finished seeds")
-    args = ap.parse_args()
-    if args.jobs < 1 or len(args.seeds.split(",")) < 2:
-        ap.error("--jobs must be >= 1" if args.jobs < 1 else "--seeds: at least two (an interval needs them)")
-    out, t0 = Path(args.out_dir), time.time()
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    p, z = paths(out), sizes(args.smoke)
-    command = shlex.join(["python", "-m", "experiments.retrofit_seeds", *sys.argv[1:]])
+    args, out, command = study_args(__doc__, "experiments.retrofit_seeds", "out/retrofit_seeds", SEEDS)
+    t0, p, z = time.time(), paths(out), sizes(args.smoke)
     print(f"retrofit_seeds: seeds {args.seeds}, {args.jobs} runs at a time, sizes {json.dumps(z)}; logs in {out / 'logs'}")
     if not args.report:
         run_all(args, out, p, z, arms(out, p, z))

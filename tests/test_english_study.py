@@ -106,7 +106,7 @@ def test_each_unit_starts_after_the_one_it_reads(tmp_path):
         with lock:
             events.append(("end", arm, unit_seeds))
 
-    english.run_units(order, run_one, jobs=2)
+    english.run_units(order, run_one, 2, english.NEEDS)
     ended = {}
     for i, (kind, arm, unit_seeds) in enumerate(events):
         if kind == "end":
