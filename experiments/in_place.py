@@ -55,7 +55,7 @@ LOSS = ["--task", "loss", "--r", "1", "--batch_size", "4", "--num_batches", "24"
 CORPORA = ("sotu", "pydoc")
 FIRST = ("adapter", "rev_core", "rev_adapter", "mix_core", "cut222")  # arms of the first seed only
 KL_WEIGHT = 1.0  # train.py --kl_parent of core_kl (rules.json in_place retention if_not)
-# an arm's seed starts once this arm's same seed is done (english.run_units)
+# an arm's seed starts once this arm's same seed is done (claim_arms.run_units)
 NEEDS = {"core": "core_phase1", "adapter": "adapter_phase1", "core_kl": "core_kl_phase1", "cut222": "cut222_phase1",
          "rev_core": "core", "rev_adapter": "core", "mix_core": "core"}
 SMOKE = dict(phase1=2, phase2=1, interference=1, limit=20, num_train=2000, num_dev=100,

@@ -41,7 +41,7 @@ def paths(out):
 
 
 def sizes(smoke):
-    """The run's sizes: the module's, or --smoke's (a few steps of 4 rows, 4 test rows: the pipeline, no figures)."""
+    """The run's sizes: the module's, or --smoke's (a few steps of 4 rows, 4 test rows: the pipeline, not the recipe)."""
     if smoke:
         return dict(phase1=4, phase2=2, eval_limit=4, num_train=500, num_dev=50,
                     flags=["--batch_size", "4", "--eval_iters", "1"])
