@@ -125,6 +125,19 @@ def prepare(p, needed, log, train_k, test_k, smoke=False):
             sh(cmd, log)
 
 
+def smollm2_depth(cut, data_sets, log, train_k, test_k, flags=()):
+    """SmolLM2-135M (the offline GGUF) cut to (2,2,2) into `cut`, then the depth task in its tokens into each dir of
+    data_sets (dir -> prepare.py's extra flags, e.g. the English rendering): the same problems in each, row for row.
+    Each made once (a half-made one, without its model.safetensors or meta.json, is made again)."""
+    py = sys.executable
+    if not (cut / "model.safetensors").is_file():
+        sh([py, "surgery.py", "--init", "smollm2", "--shape", "2,2,2", "--out", str(cut), "--overwrite"], log)
+    for out_dir, extra in data_sets.items():
+        if not (out_dir / "meta.json").is_file():
+            sh([py, "data/depth/prepare.py", "--tokenizer", str(cut), "--train_depth", str(train_k), "--test_depth",
+                str(test_k), *flags, *extra, "--out_dir", str(out_dir)], log)
+
+
 def run_arms(out, names, table, jobs, log_dir, seeds, by_seed=False):
     """repeat.py for each arm, `jobs` at a time (one thread each). by_seed: each seed of each arm is a job of its own
     (log <arm>_seed<S>.log, repeat.py --no_summary), so that an arm's seeds run side by side and a few long arms do

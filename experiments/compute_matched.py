@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments import stats
-from experiments.claim_arms import run_arms, sh
+from experiments.claim_arms import run_arms, smollm2_depth
 from experiments.claims import RULES, Arm, compare, line, provenance, reported, rules_commit
 from experiments.compute_matched_plots import dev_curve, plot, plot_test
 from plumbing.cli import git_commit
@@ -479,13 +479,8 @@ def main():
     p = paths(out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     if not args.report:  # the cut and the task in its tokens, each made once
-        if not (p["cut"] / "model.safetensors").is_file():
-            sh([sys.executable, "surgery.py", "--init", "smollm2", "--shape", "2,2,2", "--out", str(p["cut"]),
-                "--overwrite"], out / "logs" / "surgery.log")
-        if not (p["data"] / "meta.json").is_file():
-            sh([sys.executable, "data/depth/prepare.py", "--tokenizer", str(p["cut"]), "--out_dir", str(p["data"]),
-                "--train_depth", str(RULES["train_depth"]), "--test_depth", str(RULES["test_depth"]),
-                *(["--num_train", "2000", "--num_dev", "100"] if args.smoke else [])], out / "logs" / "prepare.log")
+        smollm2_depth(p["cut"], {p["data"]: []}, out / "logs" / "prepare.log", RULES["train_depth"], RULES["test_depth"],
+                      ["--num_train", "2000", "--num_dev", "100"] if args.smoke else [])
     if args.report and not p["plan"].is_file():
         sys.exit(f"compute_matched.py: error: no {p['plan']}: run without --report first")
     plan = calibrate(args, out, p) if not args.report else json.loads(p["plan"].read_text())

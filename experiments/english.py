@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 
-from experiments.claim_arms import run_arms, run_units, sh, sh_once, study_args
+from experiments.claim_arms import run_arms, run_units, sh_once, smollm2_depth, study_args
 from experiments.claims import RULES, Arm, compare, line, reported, rules_state
 from experiments.repeat import aggregate, depth_panel, markdown
 from plumbing.plots import pyplot
@@ -114,15 +114,8 @@ def arms(out, p, z, seeds):
 
 def prepare(p, z, log):
     """The cut, then the three data sets (the same problems, row for row), each made once."""
-    py = sys.executable
-    if not (p["cut"] / "model.safetensors").is_file():
-        sh([py, "surgery.py", "--init", "smollm2", "--shape", "2,2,2", "--out", str(p["cut"]), "--overwrite"], log)
-    depth = [py, "data/depth/prepare.py", "--tokenizer", str(p["cut"]), "--train_depth", str(TRAIN_K), "--test_depth",
-             str(TEST_K), "--num_train", str(z["num_train"]), "--num_dev", str(z["num_dev"])]
-    for name, extra in (("symbols", []), ("english", ["--render", "english"]),
-                        ("english_cot", ["--render", "english", "--cot"])):
-        if not (p[name] / "meta.json").is_file():
-            sh([*depth, *extra, "--out_dir", str(p[name])], log)
+    sets = {p["symbols"]: [], p["english"]: ["--render", "english"], p["english_cot"]: ["--render", "english", "--cot"]}
+    smollm2_depth(p["cut"], sets, log, TRAIN_K, TEST_K, ["--num_train", str(z["num_train"]), "--num_dev", str(z["num_dev"])])
 
 
 # -----------------------------------------------------------------------------

@@ -20,10 +20,9 @@ OUT/retrofit_seeds.md (the table) and OUT/retrofit_seeds.png.
 """
 
 import json
-import sys
 import time
 
-from experiments.claim_arms import run_arms, run_units, sh, study_args
+from experiments.claim_arms import run_arms, run_units, smollm2_depth, study_args
 from experiments.claims import RULES, Arm, compare, finished, line, reported, rules_state
 from experiments.repeat import depth_panel
 
@@ -60,20 +59,10 @@ def arms(out, p, z):
     }
 
 
-def prepare(p, z, log):
-    """The cut and the depth task in its tokens (train depth 6, dev and test rows to depth 12), each made once."""
-    py = sys.executable
-    if not (p["cut"] / "model.safetensors").is_file():
-        sh([py, "surgery.py", "--init", "smollm2", "--shape", "2,2,2", "--out", str(p["cut"]), "--overwrite"], log)
-    if not (p["data"] / "meta.json").is_file():
-        sh([py, "data/depth/prepare.py", "--tokenizer", str(p["cut"]), "--train_depth", str(TRAIN_K), "--test_depth",
-            str(TEST_K), "--num_train", str(z["num_train"]), "--num_dev", str(z["num_dev"]), "--out_dir",
-            str(p["data"])], log)
-
-
 def run_all(args, out, p, z, table):
     logs = out / "logs"
-    prepare(p, z, logs / "prepare.log")
+    smollm2_depth(p["cut"], {p["data"]: []}, logs / "prepare.log", TRAIN_K, TEST_K,
+                  ["--num_train", str(z["num_train"]), "--num_dev", str(z["num_dev"])])
     seeds = args.seeds.split(",")
 
     def run_one(arm, seed):
