@@ -151,9 +151,13 @@ def markdown(table, train_max_k, n_seeds):
 def depth_panel(ax, curves, train_max_k, title):
     """Accuracy against r, one line per task depth (dashed beyond the trained depth), with chance (1/6) marked.
     curves: {depth: (r values, accuracies, spreads or None)}."""
-    for k, (rs, acc, err) in sorted(curves.items(), key=lambda kv: int(kv[0])):
+    from matplotlib import colormaps
+
+    colours = colormaps["viridis"]  # one colour per depth, shallow to deep (the default cycle repeats after ten)
+    items = sorted(curves.items(), key=lambda kv: int(kv[0]))
+    for i, (k, (rs, acc, err)) in enumerate(items):
         ax.errorbar(rs, acc, yerr=err, marker="o", capsize=3, ls="-" if int(k) <= train_max_k else "--",
-                    label=f"depth {k}")
+                    color=colours(0.9 * i / max(len(items) - 1, 1)), label=f"depth {k}")
     ax.set_xscale("log", base=2)
     ax.set(xticks=rs, xticklabels=rs, xlabel="test loops r", ylim=(0, 1.02), title=title)
     ax.axhline(1 / 6, color="grey", lw=0.8, ls=":")  # chance: 6 answers
