@@ -19,10 +19,16 @@ offline SmolLM2-135M-Instruct and, when given, a depth-task model trained by tra
 Figures go to standard error, one table per section.
 
     python bench/bench_sample.py --sections 1,2,4                  # 1 CPU thread
-    python bench/bench_sample.py --sections 5 --cot_ckpt out/depth_cot_loop --text_ckpt out/smollm2_464_healed
     python bench/bench_sample.py --smoke                           # every section on tiny random models, seconds
     python data/depth/prepare.py --out_dir data/depth && python train.py --config config/cpu_depth.json
     python bench/bench_sample.py --depth_ckpt out/depth --sections 3
+    python bench/bench_sample.py --sections 5 --cot_ckpt out/depth_cot_loop --text_ckpt out/smollm2_464_healed
+Section 5's two checkpoints: a from-scratch (1,2,1) loop that writes the depth task's chains, and SmolLM2 cut to
+(4,6,4) and healed on text for 30 steps (the healing recipe of RESULTS.md, shortened):
+    python data/depth/prepare.py --cot --out_dir data/depth_cot
+    python train.py --config config/cpu_depth.json --data data/depth_cot --out_dir out/depth_cot_loop
+    python data/sotu/prepare.py && python train.py --config config/cpu_smollm2.json --shape 4,6,4 --max_iters 30 \
+        --out_dir out/smollm2_464_healed
 Section 3 decodes teacher-forced, one position per step, so that the exit is per token; in a batch,
 rows that exited wait for the others, so "loops per token" counts the loops each token needed.
 """
