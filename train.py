@@ -39,13 +39,14 @@ from tqdm import tqdm
 
 from plumbing import checkpoint, guards, preempt, run_dir
 from plumbing.batches import accumulation, batch_rows, estimate_loss, get_batch, labeled_length, open_splits, state_seeds
+from plumbing.build_model import build_model
 from plumbing.cli import config_defaults, flag_parser, int_list
 from plumbing.device import compile_blocks, precision_context, setup, train_precision
 from plumbing.kl_parent import ParentKL
 from plumbing.run_flags import SYSTEM_FLAGS, SYSTEM_MAY_CHANGE, check_flags
 from plumbing.upload import push_to_hub
-from model import RecurrentConfig, RecurrentGPT
-from exit_gate import add_exit_gate, gate_loss
+from model import RecurrentGPT
+from exit_gate import gate_loss
 from muon import make_optimizers
 
 # -----------------------------------------------------------------------------
@@ -463,48 +464,6 @@ def start_run(args):
     return run
 
 
-def build_model(args, meta, ckpt_dir=None):
-    """(model, tokenizer source or None) from --init, or on --resume from ckpt_dir (the verified save
-    checkpoint.find chose; the run's tokenizer files are at the top of out_dir). surgery.load_model decides
-    what --init is: our checkpoint (phase 2), a raven checkpoint, or a parent, cut to --shape / --layers.
-    The model's tokenizer (or the data it was trained on) must be the data's."""
-    from plumbing import hub
-    import surgery
-
-    shape = tuple(int_list(args.shape, "--shape", n=3))  # checked by check_args
-    over = {k: getattr(args, k) for k in ("state_init", "first_loop") if getattr(args, k)}  # "": the model's own
-    if args.init == "scratch" and ckpt_dir is None:
-        P, R, C = shape
-        config = RecurrentConfig(
-            vocab_size=meta["vocab_size"], n_embd=args.n_embd, n_head=args.n_head,
-            n_kv_head=args.n_kv_head or args.n_head, head_dim=args.n_embd // args.n_head,
-            intermediate_size=args.intermediate_size or 4 * args.n_embd, block_size=args.block_size,
-            n_prelude=P, n_core=R, n_coda=C, recurrent=not args.static, adapter_init=args.adapter_init,
-            tie_embeddings=not args.untie, mean_recurrence=args.mean_recurrence,
-            bos_id=meta.get("bos_id"), eos_id=meta.get("eos_id"), **over)
-        model, tok_src = RecurrentGPT(config), None
-    else:
-        try:
-            model, src = surgery.load_model(ckpt_dir or args.init, shape=shape, layers=args.layers or None,
-                                            static=args.static, untie=args.untie, adapter_init=args.adapter_init,
-                                            mean_recurrence=args.mean_recurrence, **over)
-            tok_src = run_dir.check_vocabulary(meta, args.data, args.out_dir if ckpt_dir else src, src)
-            unapplied = None if ckpt_dir else surgery.cut_not_applied(model, args.init, shape, args.layers, args.static)
-            if unapplied:  # a config file's --shape for runs from scratch, or a cut asked of a checkpoint
-                print(f"note: {unapplied}")
-        except (surgery.SurgeryError, hub.CheckpointError, FileNotFoundError, ValueError) as err:
-            raise TrainError(str(err)) from None
-    if meta["vocab_size"] > model.config.vocab_size:
-        raise TrainError(f"data vocab_size {meta['vocab_size']} > model vocab_size {model.config.vocab_size}")
-    if args.freeze != "none" and not model.config.recurrent:
-        raise TrainError(f"--freeze={args.freeze} trains the adapter (and the core), which a --static model does not have")
-    if args.exit_gate and not model.config.recurrent:
-        raise TrainError(f"--exit_gate needs a recurrent model: {args.init} runs its layers once")
-    if args.exit_gate and not model.config.exit_gate:  # a new gate (p = 0.5), saved under exit_gate.*
-        add_exit_gate(model)
-    return model, tok_src
-
-
 def start(args, meta, device, master, precision):
     """The model (built, or a --resume's save; its blocks compiled with --compile), its optimizers (and
     their split by name), its tokenizer source, and where a resumed run stood: its step, FLOPs so far and
@@ -516,7 +475,10 @@ def start(args, meta, device, master, precision):
     if args.resume:  # the newest complete save, and the settings it was trained with (--fsdp: the master checks)
         find = fsdp.find_resume if args.fsdp else run_dir.find_resume
         ckpt_dir, ckpt_step = find(args, meta["fingerprint"], DEFAULTS, RESUME_MAY_CHANGE, master, precision)
-    model, tok_src = build_model(args, meta, ckpt_dir)
+    try:  # --init's model (plumbing/build_model.py); a bad --init, cut or flag is one line
+        model, tok_src = build_model(args, meta, ckpt_dir)
+    except ValueError as err:
+        raise TrainError(str(err)) from None
     if args.fsdp:  # block by block onto the device, this rank's rows only; before the optimizers take them
         fsdp.shard(model, device, precision)
     model.to(device)
