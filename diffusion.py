@@ -18,7 +18,16 @@ forward pass here runs over a wavefront of positions, the oldest nearly done, th
     3. positions freeze from the front: a position whose state moved less than the threshold over the pass
        (latent-diff, exit_gate.py's criterion of --exit) freezes with every position before it and its own input
        token (a converged state vouches for what it read), and a position that has run freeze_loops loops (default
-       r, what sequential decoding gives a token) freezes with its guess. Frozen tokens are the output.
+       r, what sequential decoding gives a token) freezes with its guess if the token it read in this pass is the
+       one frozen before it. Frozen tokens are the output.
+
+The last condition matters at headway > 1, where positions that joined together reach their budget together: if
+position j's guess changed in the final pass, position j + 1's state was built on the old token, and its guess
+continues a sequence that is not the output. It stays for another pass with the new token instead (without it,
+headway 2 and 4 lost 14 and 23 points on the depth task's chains at r = 8 and doubled the text's NLL; RESULTS,
+speed). The reference's `fixed` strategy freezes the `headway` oldest positions each pass once the first has run
+its budget, whatever they read; its latent-diff freeze is this file's, token for token at headway 1, 2 and 4
+(tests/test_diffusion.py).
 
 A pass costs P + loops_per_pass R + C layer applications over a few rows, about what one token's costs at batch 1
 when the weights' reads are the bottleneck, and it freezes about one token: at r = 32 and loops_per_pass 4 that is
@@ -108,7 +117,7 @@ def generate_diffusion(model, prompt, *, max_new_tokens, r, pick, loops_per_pass
             if threshold is not None:  # ||s - s_prev|| / ||s|| per position over this pass, in fp32
                 moved = exit_value("latent-diff", prev[0].float(), s[0].float())  # (S,)
             # 2. the guesses become the inputs after toks[0]; headway new positions join, the wave capped
-            S = len(toks)
+            S, inputs = len(toks), toks  # inputs[j]: the token position a + j read in this pass
             cap = min(wavefront, end - a)  # nothing past the last new token's position feeds the output
             toks = (toks[:1] + guess[:S - 1] + [guess[S - 1]] * headway)[:cap]
             s, ran = torch.cat([s, fresh(headway)], dim=1)[:, :cap], (ran + [0] * headway)[:cap]
@@ -116,8 +125,9 @@ def generate_diffusion(model, prompt, *, max_new_tokens, r, pick, loops_per_pass
             f = 0
             if threshold is not None and bool((moved < threshold).any()):
                 f = int((moved < threshold).nonzero()[-1])  # the last converged position, which stays
-            if freeze_loops is not None:
-                f = max(f, next((j for j, n in enumerate(ran) if n < freeze_loops), len(ran)))
+            if freeze_loops is not None:  # the positions past their budget, each only if it read its final token
+                spent = next((j for j, n in enumerate(ran) if n < freeze_loops), len(ran))
+                f = max(f, next((j for j in range(1, spent) if guess[j - 1] != inputs[j]), spent))
             for j in range(f):
                 out.append(guess[j])
                 loops.append(ran[j])

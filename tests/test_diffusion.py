@@ -114,6 +114,49 @@ def test_reference_sampler_tokens_on_the_fixture():
         assert got == want, (rec["call"], k)
 
 
+
+def test_reference_latent_diff_at_headway_2_and_4():
+    """tests/fixtures/huginn_tiny_headway.json (tests/fixtures/make_headway_reference.py): the reference's
+    latent-diff sampler at headway 2 and 4 on huginn_tiny, its random placeholder ids of the extra new positions
+    replaced by copies of the last guess (ours). Our tokens equal its first 12 (fewer where its wave stopped at the
+    model's block_size)."""
+    from surgery import load_model
+
+    model, _ = load_model(str(FIXTURE), state_init="zero")
+    records = json.loads((Path(__file__).parent / "fixtures" / "huginn_tiny_headway.json").read_text())
+    assert sorted({r["kwargs"]["headway"] for r in records}) == [2, 4] and len(records) == 8
+    for rec in records:
+        k, want = rec["kwargs"], rec["tokens"][:12]
+        got, _ = generate_diffusion(model, rec["prompt"], max_new_tokens=len(want), r=k["num_steps"],
+                                    pick=lambda lg: lg.argmax(-1), loops_per_pass=k["inner_recurrence"],
+                                    wavefront=k["max_wavefront"], headway=k["headway"], freeze_loops=None,
+                                    threshold=k["exit_t"])
+        assert got == want, k
+
+
+@pytest.mark.parametrize("headway", [2, 4])
+def test_a_position_freezes_on_the_token_it_read(monkeypatch, headway):
+    """With the loop budget at headway > 1, each output token's position last ran with that token as its input
+    (diffusion.py, step 3): the input of every pass is recorded, and the output is checked against it. Without the
+    rule this model freezes positions that read a token the pass before them replaced."""
+    from kv_cache import CachedForward
+
+    read, refine = {}, CachedForward.refine
+
+    def recording(self, idx, s, num_loops, first):
+        for j, t in enumerate(idx[0].tolist()):
+            read[self.pos + j] = t
+        return refine(self, idx, s, num_loops, first)
+
+    monkeypatch.setattr(CachedForward, "refine", recording)
+    model, stats = tiny(), {}
+    for p in PROMPTS:
+        read.clear()
+        got = generate(model, [p], max_new_tokens=12, num_steps=8, sampler="diffusion", loops_per_pass=2,
+                       headway=headway, stats=stats)[0]
+        assert len(got.tokens) == 12 and min(got.loops[1:]) >= 8
+        assert [read[len(p) + i] for i in range(11)] == got.tokens[:11]
+
 @pytest.mark.parametrize("flags, says", [
     (["--exit", "kl"], "exit other than latent-diff"),
     (["--warm_start"], "warm_start"),
