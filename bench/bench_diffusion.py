@@ -157,14 +157,16 @@ def frontier_plot(args, results):
 
     r, plt = max(args.diffusion_r), pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    markers = "osD^vP*X"  # one marker and colour per decoder, named in the legend: decoders that tie overlap
     for ax, (y, x, label) in zip(axes, (("acc", "cot_tok_s", "depth-task chain accuracy"),
                                         ("nll_ratio", "text_tok_s", "NLL / sequential's NLL"))):
-        for name in decoders(args):
+        for i, name in enumerate(decoders(args)):
             got = results.get((r, name), {})
             if y in got:
-                ax.scatter(got[x], got[y])
-                ax.annotate(name, (got[x], got[y]), fontsize=7)
+                ax.scatter(got[x], got[y], marker=markers[i % len(markers)], s=60, alpha=0.7, label=name)
         ax.set(xlabel="tokens/s (batch 1)", ylabel=label, title=f"r = {r}: decoders, headways, latent-diff thresholds")
+        if ax.has_data():
+            ax.legend(fontsize=7)
     os.makedirs(os.path.dirname(os.path.abspath(args.plot)), exist_ok=True)
     path = save_figures([(fig, os.path.basename(args.plot))], os.path.dirname(os.path.abspath(args.plot)))[0]
     log(f"   frontier: {path}")
