@@ -17,9 +17,10 @@ EOS, batched prompts with left padding):
   and keep the agreeing prefix (--draft_r; greedy only);
 - the diffusion-forcing sampler (--sampler diffusion, diffusion.py; arXiv 2510.14961): a wave of positions
   refined in parallel, --loops_per_pass loops each per pass, --headway new positions a pass, frozen after
-  --freeze_loops loops (default r) or once --exit latent-diff says the state stopped moving. It combines with
-  --r, --max_new_tokens, --temperature/--top_k/--top_p, --seed, --kv_budget, --exit latent-diff and
-  --exit_threshold, the prompt options (one prompt at a time), --chat, --bos, --device, --autocast, --threads;
+  --freeze_loops loops (default r; once the token before it is final) or once --exit latent-diff says the
+  state stopped moving. It combines with --r, --max_new_tokens, --temperature/--top_k/--top_p, --seed,
+  --kv_budget, --exit latent-diff and --exit_threshold, the prompt options (one prompt at a time), --chat,
+  --bos, --device, --autocast, --threads;
   it refuses the other --exit criteria, --exit_min_loops, --warm_start, --draft_r, --cache false and --compile.
 
 Every mode decodes through kv_cache.py's CachedForward, the one loop over the recurrent core besides
@@ -358,8 +359,8 @@ def parse_args(argv=None):
     p.add_argument("--loops_per_pass", type=int, default=4, help="diffusion: loops each wave position runs per pass")
     p.add_argument("--wavefront", type=int, default=128, help="diffusion: positions refined at once, at most")
     p.add_argument("--headway", type=int, default=1, help="diffusion: new positions joining the wave per pass")
-    p.add_argument("--freeze_loops", type=int, default=None, help="diffusion: loops after which a position freezes "
-                   "(default r; 0: none, --exit latent-diff alone freezes)")
+    p.add_argument("--freeze_loops", type=int, default=None, help="diffusion: loops after which a position freezes, "
+                   "if it read the final token before it (default r; 0: none, --exit latent-diff alone freezes)")
     p.add_argument("--chat", **flag, help="wrap each prompt in the parent's chat template")
     p.add_argument("--bos", type=str2bool, default=True, help="start plain prompts with the parent's document separator (BOS or <|endoftext|>)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1")
