@@ -110,7 +110,8 @@ def diffusion_quality(args, results):
             for name, kw in decoders(args).items():
                 outs, sec, n = batch_one(model, prompts, lambda p: len(p) - 2, r, kw)
                 acc = sum(len(o) == len(p) - 2 and o[-1] == w for o, p, w in zip(outs, prompts, want)) / len(want)
-                base = acc if name == "sequential" else base
+                if name == "sequential":  # decoders() lists it first
+                    base = acc
                 results.setdefault((r, name), {}).update(acc=acc, cot_tok_s=n / sec)
                 log(f"   {r:<4d} {name:22s} {acc:8.3f}   {100 * (acc - base):+8.1f} pt   {n / sec:7.1f}")
     if args.text_ckpt:

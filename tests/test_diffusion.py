@@ -3,7 +3,8 @@
 References: sequential decoding (sample.generate) in the sampler's limit, a wavefront of one position or all r
 loops in one pass, token for token, greedy and sampled; and the reference implementation's own tokens on the
 shared huginn_tiny fixture (../shared/fixtures/huginn_tiny/diffusion_reference.json: seal-rg/recurrent-pretraining's
-generate_diffusion_style, unmodified, deterministic settings), the first 12 tokens of each record.
+generate_diffusion_style, unmodified, deterministic settings), the first 12 tokens of each record, and at headway 2
+and 4 (tests/fixtures/huginn_tiny_headway.json, made by tests/fixtures/make_headway_reference.py).
 
     python -m pytest -q tests/test_diffusion.py
 """
@@ -114,7 +115,6 @@ def test_reference_sampler_tokens_on_the_fixture():
         assert got == want, (rec["call"], k)
 
 
-
 def test_reference_latent_diff_at_headway_2_and_4():
     """tests/fixtures/huginn_tiny_headway.json (tests/fixtures/make_headway_reference.py): the reference's
     latent-diff sampler at headway 2 and 4 on huginn_tiny, its random placeholder ids of the extra new positions
@@ -156,6 +156,7 @@ def test_a_position_freezes_on_the_token_it_read(monkeypatch, headway):
                        headway=headway, stats=stats)[0]
         assert len(got.tokens) == 12 and min(got.loops[1:]) >= 8
         assert [read[len(p) + i] for i in range(11)] == got.tokens[:11]
+
 
 @pytest.mark.parametrize("flags, says", [
     (["--exit", "kl"], "exit other than latent-diff"),
