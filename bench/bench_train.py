@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import train  # noqa: E402
 from model import RecurrentConfig, RecurrentGPT  # noqa: E402
-from muon import Muon, orthogonalize  # noqa: E402
+from muon import Muon, ns_dtype, orthogonalize  # noqa: E402
 from plumbing.batches import open_data  # noqa: E402
 from plumbing.cli import read_json  # noqa: E402
 from plumbing.device import compile_blocks, cpu_bf16, precision_context, train_precision  # noqa: E402
@@ -357,6 +357,18 @@ CATEGORIES = (  # op name fragments -> where a step's time goes; the first match
 )
 
 
+def newton_schulz_flops(mats, group):
+    """FLOPs of muon.zeropower_via_newtonschulz on these matrices (r x c, r the small side) in the group's ns dtype:
+    s steps of the plain iteration cost s (4 r^2 c + 2 r^3); the fp32 reassociation of wide matrices (c > 1.5 r)
+    4 r^2 c + (8 s - 6) r^3 (34 r^3 at 5 steps, muon.py's comment)."""
+    s, total = group["ns_steps"], 0
+    fp32 = ns_dtype(group, mats[0].device) == torch.float32
+    for m in mats:
+        r, c = sorted(m.shape[-2:])
+        total += 4 * r * r * c + (8 * s - 6) * r ** 3 if fp32 and c > 1.5 * r else s * (4 * r * r * c + 2 * r ** 3)
+    return total
+
+
 def bench_profile(args):
     """Where a step's time goes, in the precision --autocast auto picks here and in fp32: train.py's step of the
     retrofit config under torch.profiler, self CPU time by kind of op; the adapter's products apart (their K is 2h),
@@ -380,6 +392,7 @@ def bench_profile(args):
         t0 = time.perf_counter()
         orthogonalize(grads, muon.param_groups[0])
         ns_s = time.perf_counter() - t0
+        ns_gflop = newton_schulz_flops(grads, muon.param_groups[0]) / 1e9
         kinds = {}
         for ev in prof.key_averages(group_by_input_shape=True):
             name = ev.key
@@ -389,6 +402,8 @@ def bench_profile(args):
             kinds[kind] = kinds.get(kind, 0.0) + ev.self_cpu_time_total / 1e6
         total = sum(kinds.values())
         out[precision] = {"fwd_bwd_s": total, "update_s": update_s, "newton_schulz_s": ns_s,
+                          "newton_schulz_gflop": ns_gflop, "newton_schulz_dtype": str(ns_dtype(muon.param_groups[0],
+                                                                                                   grads[0].device)),
                           "optimizer_rest_s": max(update_s - ns_s, 0.0),
                           "share": {k: v / total for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}}
     return out
@@ -496,7 +511,9 @@ def main(argv=None):
         for prec, x in results["profile"].items():
             share = ", ".join(f"{k} {100 * v:.0f}%" for k, v in x["share"].items())
             print(f"| where a {prec} step goes (self CPU time) | forward+backward {x['fwd_bwd_s']:.2f} s: {share}; "
-                  f"update {x['update_s']:.2f} s (Newton-Schulz {x['newton_schulz_s']:.2f} s) | |")
+                  f"update {x['update_s']:.2f} s (Newton-Schulz {x['newton_schulz_s']:.2f} s in "
+                  f"{x['newton_schulz_dtype'].replace('torch.', '')}: {x['newton_schulz_gflop']:.0f} GFLOP, "
+                  f"{x['newton_schulz_gflop'] / x['newton_schulz_s']:.0f} GFLOP/s) | |")
     return results
 
 
