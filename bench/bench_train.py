@@ -359,13 +359,13 @@ CATEGORIES = (  # op name fragments -> where a step's time goes; the first match
 
 def newton_schulz_flops(mats, group):
     """FLOPs of muon.zeropower_via_newtonschulz on these matrices (r x c, r the small side) in the group's ns dtype:
-    s steps of the plain iteration cost s (4 r^2 c + 2 r^3); the fp32 reassociation of wide matrices (c > 1.5 r)
-    4 r^2 c + (8 s - 6) r^3 (34 r^3 at 5 steps, muon.py's comment)."""
-    s, total = group["ns_steps"], 0
+    k steps of the plain iteration cost k (4 r^2 c + 2 r^3); the fp32 reassociation of wide matrices (c > 1.5 r)
+    4 r^2 c + (8k - 6) r^3 (34 r^3 at 5 steps, muon.py's comment)."""
+    k, total = group["ns_steps"], 0
     fp32 = ns_dtype(group, mats[0].device) == torch.float32
     for m in mats:
         r, c = sorted(m.shape[-2:])
-        total += 4 * r * r * c + (8 * s - 6) * r ** 3 if fp32 and c > 1.5 * r else s * (4 * r * r * c + 2 * r ** 3)
+        total += 4 * r * r * c + (8 * k - 6) * r ** 3 if fp32 and c > 1.5 * r else k * (4 * r * r * c + 2 * r ** 3)
     return total
 
 
