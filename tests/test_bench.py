@@ -63,8 +63,9 @@ def test_bench_eval_smoke():
 
 
 @pytest.mark.slow
-def test_kill_save_smoke():
-    bench("bench/kill_save.py", "--save", "1", "--ops", "1", timeout=600)
+def test_kill_save_smoke(tmp_path):
+    """--work: the runs go under pytest's tmp_path (by default kill_save.py keeps them in a temporary directory)."""
+    bench("bench/kill_save.py", "--save", "1", "--ops", "1", "--work", str(tmp_path), timeout=600)
 
 
 @pytest.mark.slow
