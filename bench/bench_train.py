@@ -357,23 +357,12 @@ CATEGORIES = (  # op name fragments -> where a step's time goes; the first match
 )
 
 
-def newton_schulz_flops(mats, group):
-    """FLOPs of muon.zeropower_via_newtonschulz on these matrices (r x c, r the small side) in the group's ns dtype:
-    k steps of the plain iteration cost k (4 r^2 c + 2 r^3); the fp32 reassociation of wide matrices (c > 1.5 r)
-    4 r^2 c + (8k - 6) r^3 (34 r^3 at 5 steps, muon.py's comment)."""
-    k, total = group["ns_steps"], 0
-    fp32 = ns_dtype(group, mats[0].device) == torch.float32
-    for m in mats:
-        r, c = sorted(m.shape[-2:])
-        total += 4 * r * r * c + (8 * k - 6) * r ** 3 if fp32 and c > 1.5 * r else k * (4 * r * r * c + 2 * r ** 3)
-    return total
-
-
 def bench_profile(args):
     """Where a step's time goes, in the precision --autocast auto picks here and in fp32: train.py's step of the
     retrofit config under torch.profiler, self CPU time by kind of op; the adapter's products apart (their K is 2h),
     Muon's Newton-Schulz and the rest of the optimizer step timed apart (apply_update)."""
     from torch.profiler import ProfilerActivity, profile
+    from torch.utils.flop_counter import FlopCounterMode
 
     chosen, _ = train_precision("cpu")
     data = depth_rows()
@@ -392,7 +381,8 @@ def bench_profile(args):
         t0 = time.perf_counter()
         orthogonalize(grads, muon.param_groups[0])
         ns_s = time.perf_counter() - t0
-        ns_gflop = newton_schulz_flops(grads, muon.param_groups[0]) / 1e9
+        with FlopCounterMode(display=False) as counter:  # once more, untimed: torch counts its products
+            orthogonalize(grads, muon.param_groups[0])
         kinds = {}
         for ev in prof.key_averages(group_by_input_shape=True):
             name = ev.key
@@ -402,8 +392,8 @@ def bench_profile(args):
             kinds[kind] = kinds.get(kind, 0.0) + ev.self_cpu_time_total / 1e6
         total = sum(kinds.values())
         out[precision] = {"fwd_bwd_s": total, "update_s": update_s, "newton_schulz_s": ns_s,
-                          "newton_schulz_gflop": ns_gflop, "newton_schulz_dtype": str(ns_dtype(muon.param_groups[0],
-                                                                                                   grads[0].device)),
+                          "newton_schulz_gflop": counter.get_total_flops() / 1e9,
+                          "newton_schulz_dtype": str(ns_dtype(muon.param_groups[0], grads[0].device)),
                           "optimizer_rest_s": max(update_s - ns_s, 0.0),
                           "share": {k: v / total for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}}
     return out

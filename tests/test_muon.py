@@ -114,6 +114,21 @@ def test_the_fast_iteration_is_the_textbook_one(shape):
         assert (bf16.double() - textbook).norm() / textbook.norm() < 0.05  # bf16's own rounding, ~1e-2
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_newton_schulz_costs_what_muon_py_says(dtype):
+    """The FLOPs torch's FlopCounterMode counts in zeropower_via_newtonschulz (bench_train.py's profile reports them)
+    are muon.py's: 5 (4 r^2 c + 2 r^3) for the plain iteration, 4 r^2 c + 34 r^3 for fp32's reassociation of wide
+    matrices (c > 1.5 r); square, wide, nearly square."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    for r, c in [(64, 64), (64, 192), (64, 80)]:
+        with FlopCounterMode(display=False) as counter:
+            zeropower_via_newtonschulz(torch.randn(1, r, c), NS_COEFFICIENTS, 5, 1e-7, dtype)
+        wide_fp32 = dtype == torch.float32 and c > 1.5 * r
+        want = 4 * r * r * c + 34 * r ** 3 if wide_fp32 else 5 * (4 * r * r * c + 2 * r ** 3)
+        assert counter.get_total_flops() == want, (r, c)
+
 def test_state_dict_round_trip_continues_identically():
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(*s)) for s in SHAPES[:3]]
